@@ -1,0 +1,183 @@
+"""The course's own readable models, with weights copied from transformers.
+
+    from course.models import load_model
+    model, tokenizer = load_model("smollm2-135m", device="cpu")
+
+Names: ``gpt2`` (124M, learned positions; Hugging Face hub), ``smollm2-135m`` (Llama family,
+RoPE + GQA; offline from the course cache, see ``course.assets``), and ``auto``: gpt2 when
+it is cached or the hub is reachable, else smollm2-135m.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from course.models.base import CausalLM, ModelConfig, ModelOutput
+from course.models.gpt2 import GPT2
+from course.models.llama import Llama
+
+__all__ = [
+    "CausalLM", "ModelConfig", "ModelOutput", "GPT2", "Llama", "MODEL_NAMES",
+    "load_model", "load_hf_model", "from_transformers", "config_from_hf", "build_model", "resolve_device",
+]
+
+MODEL_NAMES = ("auto", "gpt2", "smollm2-135m")
+GPT2_HUB_ID = "openai-community/gpt2"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """'auto' -> cuda if available, else cpu. Any explicit device is checked."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was requested but no CUDA GPU is available; use device='cpu' or 'auto'")
+    return dev
+
+
+def build_model(cfg: ModelConfig) -> CausalLM:
+    """An (untrained) course model for a config."""
+    return GPT2(cfg) if cfg.family == "gpt2" else Llama(cfg)
+
+
+def config_from_hf(hf_config, name: str = "model") -> ModelConfig:
+    """Translate a transformers GPT2Config or LlamaConfig into a course ``ModelConfig``."""
+    mt = hf_config.model_type
+    if mt == "gpt2":
+        d = hf_config.n_embd
+        return ModelConfig(
+            family="gpt2", vocab_size=hf_config.vocab_size, n_layer=hf_config.n_layer, n_head=hf_config.n_head,
+            n_kv_head=hf_config.n_head, d_model=d, head_dim=d // hf_config.n_head,
+            d_ff=hf_config.n_inner or 4 * d, max_positions=hf_config.n_positions,
+            norm_eps=hf_config.layer_norm_epsilon, tie_embeddings=True, name=name,
+        )
+    if mt in ("llama", "mistral", "qwen2"):
+        rope = getattr(hf_config, "rope_parameters", None) or {}
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported by the course's Llama")
+        if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
+            raise ValueError("the course's Llama has no biases in attention or MLP")
+        heads = hf_config.num_attention_heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        return ModelConfig(
+            family="llama", vocab_size=hf_config.vocab_size, n_layer=hf_config.num_hidden_layers, n_head=heads,
+            n_kv_head=hf_config.num_key_value_heads, d_model=hf_config.hidden_size, head_dim=head_dim,
+            d_ff=hf_config.intermediate_size, max_positions=hf_config.max_position_embeddings,
+            norm_eps=hf_config.rms_norm_eps, rope_theta=float(rope.get("rope_theta", 10000.0)),
+            tie_embeddings=bool(hf_config.tie_word_embeddings), name=name,
+        )
+    raise ValueError(f"model_type {mt!r} is not supported: the course has GPT-2 and Llama-family models")
+
+
+def _gpt2_weights(sd: dict, cfg: ModelConfig) -> dict:
+    """Map a GPT2LMHeadModel state dict to course names (Conv1D weights are [in, out]: transpose)."""
+    out = {"tok_emb.weight": sd["transformer.wte.weight"], "pos_emb.weight": sd["transformer.wpe.weight"],
+           "ln_f.weight": sd["transformer.ln_f.weight"], "ln_f.bias": sd["transformer.ln_f.bias"]}
+    for i in range(cfg.n_layer):
+        src, dst = f"transformer.h.{i}.", f"blocks.{i}."
+        for a, b in (("ln_1", "norm1"), ("ln_2", "norm2")):
+            out[f"{dst}{b}.weight"], out[f"{dst}{b}.bias"] = sd[f"{src}{a}.weight"], sd[f"{src}{a}.bias"]
+        for a, b in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"), ("mlp.c_fc", "mlp.fc"),
+                     ("mlp.c_proj", "mlp.proj")):
+            out[f"{dst}{b}.weight"] = sd[f"{src}{a}.weight"].t()
+            out[f"{dst}{b}.bias"] = sd[f"{src}{a}.bias"]
+    return out
+
+
+def _llama_weights(sd: dict, cfg: ModelConfig) -> dict:
+    """Map a LlamaForCausalLM state dict to course names (nn.Linear on both sides: no transpose)."""
+    out = {"tok_emb.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    for i in range(cfg.n_layer):
+        src, dst = f"model.layers.{i}.", f"blocks.{i}."
+        pairs = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2", "self_attn.q_proj": "attn.q",
+                 "self_attn.k_proj": "attn.k", "self_attn.v_proj": "attn.v", "self_attn.o_proj": "attn.o",
+                 "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.up", "mlp.down_proj": "mlp.down"}
+        for a, b in pairs.items():
+            out[f"{dst}{b}.weight"] = sd[f"{src}{a}.weight"]
+    return out
+
+
+def from_transformers(hf_model: nn.Module, name: str = "model") -> CausalLM:
+    """Build the course model with the weights of a transformers GPT-2 or Llama model."""
+    cfg = config_from_hf(hf_model.config, name)
+    model = build_model(cfg)
+    sd = hf_model.state_dict()
+    mapped = _gpt2_weights(sd, cfg) if cfg.family == "gpt2" else _llama_weights(sd, cfg)
+    dtype = next(hf_model.parameters()).dtype
+    model.to(dtype)
+    missing, unexpected = model.load_state_dict({k: v.detach().clone() for k, v in mapped.items()}, strict=False)
+    missing = [m for m in missing if m != "lm_head.weight"]  # tied to tok_emb
+    if missing or unexpected:
+        raise RuntimeError(f"weight copy incomplete: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def gpt2_available() -> tuple[bool, str]:
+    """Is gpt2 usable here (cached, or hub reachable)? Returns (yes/no, why)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        cached = try_to_load_from_cache(GPT2_HUB_ID, "config.json")
+        if isinstance(cached, str):
+            return True, "found in the Hugging Face cache"
+    except Exception:  # pragma: no cover - depends on the hub library
+        pass
+    if _hub_offline():
+        return False, "not cached and HF_HUB_OFFLINE is set"
+    import urllib.request
+    try:
+        urllib.request.urlopen(f"https://huggingface.co/api/models/{GPT2_HUB_ID}", timeout=3).close()
+        return True, "the Hugging Face hub is reachable"
+    except OSError:
+        return False, "not cached and the Hugging Face hub is not reachable"
+
+
+def load_hf_model(name: str, dtype: torch.dtype = torch.float32):
+    """The transformers model and tokenizer behind a course model name (for parity checks)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from course import assets
+
+    if name == "gpt2":
+        src = GPT2_HUB_ID
+    elif name == "smollm2-135m":
+        if assets.status()["smollm2-135m"] or _hub_offline():
+            src = str(assets.require("smollm2-135m"))
+        else:  # online and not fetched: the original weights from the hub
+            src = SMOLLM2_HUB_ID
+    else:
+        raise ValueError(f"model must be one of {', '.join(MODEL_NAMES)}; got {name!r}")
+    try:
+        tok = AutoTokenizer.from_pretrained(src)
+        hf = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation="eager")
+    except OSError as e:
+        hint = ("run `python -m course fetch` for the offline copy" if name == "smollm2-135m"
+                else "gpt2 comes from the Hugging Face hub only; offline, use model='smollm2-135m'")
+        raise assets.AssetMissing(f"cannot load {name} from {src}: {e}\n{hint}") from e
+    return hf.eval(), tok
+
+
+def load_model(name: str = "auto", device: str | torch.device = "auto", dtype: torch.dtype = torch.float32,
+               verbose: bool = True):
+    """Load a course model and its tokenizer: ``model, tokenizer = load_model("smollm2-135m")``."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"model must be one of {', '.join(MODEL_NAMES)}; got {name!r}")
+    dev = resolve_device(device)
+    if name == "auto":
+        ok, why = gpt2_available()
+        name = "gpt2" if ok else "smollm2-135m"
+        if verbose:
+            print(f"model='auto' picked {name} (gpt2 {why})")
+    hf, tok = load_hf_model(name, dtype)
+    model = from_transformers(hf, name).to(dev)
+    del hf
+    return model, tok

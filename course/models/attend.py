@@ -1,0 +1,130 @@
+"""Scaled dot-product attention, written out once for both model families.
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d) + mask) V          (Vaswani et al. 2017, eq. 1)
+
+Two paths compute the same thing:
+
+* ``explicit``: the equation above line by line; it can return the attention weights,
+  which the analysis notebooks and the H2O/SnapKV policies read;
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``, a fused kernel that never
+  materialises the weights (faster, less memory). Used whenever weights are not needed.
+
+Grouped-query attention (GQA): there are H query heads but only H_kv key/value heads; query
+head h uses KV head h // (H / H_kv). Neither path copies K/V to H heads.
+"""
+
+from __future__ import annotations
+
+import math
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from course.kvcache import KVCache
+
+__all__ = ["attend", "attend_cached", "attention_weights"]
+
+
+def _split_groups(q: Tensor, kv_heads: int) -> Tensor:
+    """[B, H, T, d] -> [B, H_kv, G, T, d] with G = H / H_kv query heads per KV head."""
+    b, h, t, d = q.shape
+    return q.reshape(b, kv_heads, h // kv_heads, t, d)
+
+
+def attention_weights(
+    q: Tensor, k: Tensor, mask: Tensor | None = None, scale: float | None = None, sink_logit: Tensor | None = None,
+) -> Tensor:
+    """softmax(Q K^T * scale + mask) for every query head: [B, H, T, S].
+
+    q: [B, H, T, d]; k: [B, H_kv, S, d]; mask: bool [B, 1 or H_kv, T, S] (True = may attend).
+    sink_logit: [H] optional learned logit of an empty "sink" slot that takes part in the
+    softmax but has no value (the returned weights then sum to 1 - its share).
+    """
+    b, h, t, d = q.shape
+    kv = k.shape[1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    scores = _split_groups(q, kv) @ k[:, :, None].transpose(-1, -2) * scale  # [B, H_kv, G, T, S]
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, :, None], -math.inf)
+    scores = scores.reshape(b, h, t, -1)
+    if sink_logit is None:
+        return torch.softmax(scores, dim=-1)
+    extra = sink_logit.to(scores.dtype).view(1, h, 1, 1).expand(b, h, t, 1)
+    return torch.softmax(torch.cat([scores, extra], dim=-1), dim=-1)[..., :-1]
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    weight_rows: int = 0,
+    explicit: bool = False,
+    sink_logit: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention output [B, H, T, d_v] and, if ``weight_rows`` > 0, the weights of the last rows.
+
+    q: [B, H, T, d]; k: [B, H_kv, S, d]; v: [B, H_kv, S, d_v]
+    mask: bool [B, 1 or H_kv, T, S], True where a query may attend; or ``causal=True``
+    (queries and keys aligned, T == S) for a plain causal prompt.
+    weight_rows: how many of the last query rows' weights to return ([B, H, rows, S]).
+    explicit: force the explicit path (the reference) even when no weights are needed.
+    """
+    b, h, t, _ = q.shape
+    s = k.shape[2]
+    if causal:
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)[None, None]
+    if explicit or weight_rows >= t:
+        w = attention_weights(q, k, mask, scale, sink_logit)  # [B, H, T, S]
+        out = (_split_groups(w.to(v.dtype), k.shape[1]) @ v[:, :, None]).reshape(b, h, t, -1)
+        return out, (w[:, :, t - weight_rows :] if weight_rows else None)
+    out = _sdpa(q, k, v, mask, scale, sink_logit)
+    if weight_rows == 0:
+        return out, None
+    rows = slice(t - weight_rows, t)
+    w = attention_weights(q[:, :, rows], k, None if mask is None else mask[:, :, rows], scale, sink_logit)
+    return out, w
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None, sink_logit: Tensor | None) -> Tensor:
+    """The fused path. A sink logit becomes one extra key of zeros whose score is the logit."""
+    b, h, t, _ = q.shape
+    kv = k.shape[1]
+    if mask is not None and mask.shape[1] > 1:
+        mask = mask.repeat_interleave(h // kv, dim=1)  # per KV head -> per query head
+    if sink_logit is not None:
+        k = torch.cat([k, k.new_zeros(b, kv, 1, k.shape[-1])], dim=2)
+        v = torch.cat([v, v.new_zeros(b, kv, 1, v.shape[-1])], dim=2)
+        bias = torch.zeros(b, h, t, k.shape[2], dtype=q.dtype, device=q.device)
+        if mask is not None:
+            bias[..., :-1] = bias[..., :-1].masked_fill(~mask, -math.inf)
+        bias[..., -1] = sink_logit.to(q.dtype).view(1, h, 1)
+        mask = bias
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=kv != h)
+
+
+def attend_cached(
+    cache: KVCache, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, want_weights: bool,
+    *, scale: float | None = None, sink_logit: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Attend from new queries to everything a layer's cache holds, as its policy allows.
+
+    q: [B, H, T, d] (positioned); k, v: [B, H_kv, S, d] all cached slots (positioned);
+    q_pos: [B, T] original positions. Hands the weights to policies that read them (H2O,
+    SnapKV). Returns the output [B, H, T, d] and, if ``want_weights``, weights [B, H, T, S].
+    """
+    t = q.shape[2]
+    policy_rows = cache.policy.attention_rows(t)
+    rows = t if want_weights else policy_rows
+    mask = cache.attention_mask(layer_idx, q_pos)
+    y, w = attend(q, k, v, mask, scale=scale, weight_rows=rows, sink_logit=sink_logit)
+    if policy_rows:
+        cache.policy.observe(cache.layers[layer_idx], w[:, :, t - policy_rows :], cache.seen)
+    return y, (w if want_weights else None)

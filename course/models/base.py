@@ -1,0 +1,127 @@
+"""What every course model shares: its config, its output, and how it makes and checks caches."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from course.kvcache import KVCache
+from course.policies import Policy
+
+__all__ = ["ModelConfig", "ModelOutput", "Block", "CausalLM"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of a decoder. ``family`` picks the file: gpt2.py or llama.py."""
+
+    family: Literal["gpt2", "llama"]
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    d_model: int
+    head_dim: int
+    d_ff: int
+    max_positions: int  # GPT-2: rows of the position table; Llama: the trained context
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0  # Llama only
+    tie_embeddings: bool = True
+    sink_logit: Literal["none", "learned", "zero"] = "none"  # Llama only: a per-head extra logit
+    name: str = "model"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        """2 (K and V) * layers * KV heads * head_dim * bytes per number."""
+        return 2 * self.n_layer * self.n_kv_head * self.head_dim * dtype_bytes
+
+
+@dataclass
+class ModelOutput:
+    """logits: [B, T, vocab]; attentions: per layer [B, H, T, S] when asked for, else None;
+    key_positions: per layer [B, H_kv, S], the original position of each attended slot."""
+
+    logits: Tensor
+    attentions: list[Tensor] | None = None
+    key_positions: list[Tensor] | None = None
+
+
+class Block(nn.Module):
+    """A pre-norm residual block:  a = x + Attn(norm1(x));  out = a + MLP(norm2(a))."""
+
+    def __init__(self, norm1: nn.Module, attn: nn.Module, norm2: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+
+    def forward(self, x: Tensor, pos: Tensor, cache: KVCache | None, want_weights: bool):
+        a, w, k_pos = self.attn(self.norm1(x), pos, cache, want_weights)
+        x = x + a
+        return x + self.mlp(self.norm2(x)), w, k_pos
+
+
+class CausalLM(nn.Module):
+    """Base class: position handling and cache creation common to GPT-2 and Llama."""
+
+    config: ModelConfig
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def new_cache(self, batch: int = 1, policy: Policy | None = None) -> KVCache:
+        """An empty cache shaped for this model, managed by ``policy`` (default: keep everything)."""
+        if policy is not None:
+            policy.check_model(self.config.family)
+        c = self.config
+        return KVCache(c.n_layer, batch, c.n_kv_head, c.head_dim, policy=policy, dtype=self.dtype, device=self.device)
+
+    def _inputs(self, ids: Tensor, positions: Tensor | None, cache: KVCache | None) -> tuple[Tensor, int]:
+        """Check ids/cache; return positions as [B, T] long and the largest position."""
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be [batch, tokens], got shape {tuple(ids.shape)}")
+        if ids.shape[1] == 0:
+            raise ValueError("ids is empty: give at least one token")
+        b, t = ids.shape
+        if cache is not None:
+            c = self.config
+            if cache.shape != (c.n_layer, b, c.n_kv_head, c.head_dim):
+                raise ValueError(
+                    f"cache shape (layers, batch, kv_heads, head_dim) = {cache.shape} does not fit this "
+                    f"model and batch: expected {(c.n_layer, b, c.n_kv_head, c.head_dim)}; "
+                    "make it with model.new_cache(batch)"
+                )
+        if positions is None:  # the usual case: no host-device synchronisation needed
+            start = cache.seen if cache is not None else 0
+            return torch.arange(start, start + t, device=ids.device).expand(b, t), start + t - 1
+        positions = positions.to(ids.device).long()
+        if positions.dim() == 1:
+            positions = positions.expand(b, t)
+        if positions.shape != (b, t):
+            raise ValueError(f"positions must be [tokens] or [batch, tokens] = {(b, t)}, got {tuple(positions.shape)}")
+        if int(positions.min()) < 0:
+            raise ValueError("positions must be >= 0")
+        return positions, int(positions.max())
+
+    def _run_blocks(
+        self, x: Tensor, pos: Tensor, cache: KVCache | None, output_attentions: bool
+    ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+        """Run every block; then the cache has seen the new tokens. Returns x [B, T, D] and,
+        when ``output_attentions``, per-layer weights and the key positions they refer to."""
+        attentions, key_positions = [], []
+        for block in self.blocks:
+            x, w, k_pos = block(x, pos, cache, output_attentions)
+            if output_attentions:
+                attentions.append(w)
+                key_positions.append(k_pos.clone())
+        if cache is not None:
+            cache.advance(x.shape[1])
+        return x, (attentions or None), (key_positions or None)

@@ -1,0 +1,111 @@
+"""GPT-2 (Radford et al. 2019), readable top to bottom, with an explicit KV cache.
+
+    x_0   = E[token] + P[position]                    (learned absolute positions, at the input)
+    a_l   = x_l + Attn(LN_1(x_l))                     (pre-norm residual blocks)
+    x_l+1 = a_l + MLP(LN_2(a_l)),   MLP(x) = W_2 gelu(W_1 x)
+    logits = LN_f(x_L) E^T                            (output tied to the token embedding)
+
+Because the position is *added to the input*, every key and value a layer computes already
+carries its token's original position. A cached K/V can therefore never be moved to another
+position without recomputing it, and positions >= ``max_positions`` (1024) do not exist:
+this is why StreamingLLM's position re-assignment needs a RoPE model (see llama.py).
+
+Shapes: B batch, T new tokens, S cached slots, D model width, H heads, d = D / H.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from course.kvcache import KVCache
+from course.models.attend import attend, attend_cached
+from course.models.base import Block, CausalLM, ModelConfig, ModelOutput
+
+__all__ = ["GPT2"]
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # W_Q, W_K, W_V side by side
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(
+        self, x: Tensor, pos: Tensor, cache: KVCache | None, want_weights: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """x: [B, T, D] -> ([B, T, D], weights [B, H, T, S] or None, key positions [B, H, S])."""
+        b, t, _ = x.shape
+        h, d = self.cfg.n_head, self.cfg.head_dim
+        q, k, v = self.qkv(x).split(self.cfg.d_model, dim=-1)
+        q, k, v = (z.view(b, t, h, d).transpose(1, 2) for z in (q, k, v))  # [B, H, T, d]
+
+        if cache is None:  # a plain forward over the whole sequence: causal attention
+            k_pos = pos[:, None, :].expand(b, h, t)
+            y, w = attend(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0)
+        else:
+            k, v, k_pos = cache.update(self.layer_idx, k, v, pos)  # [B, H, S, d], positions [B, H, S]
+            y, w = attend_cached(cache, self.layer_idx, q, k, v, pos, want_weights)
+        y = y.transpose(1, 2).reshape(b, t, h * d)
+        return self.out(y), w, k_pos
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.proj = nn.Linear(cfg.d_ff, cfg.d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(gelu_tanh(self.fc(x)))
+
+
+class GPT2(CausalLM):
+    """GPT-2 with learned absolute positions. ``forward(ids, positions, cache)``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.family != "gpt2" or cfg.n_kv_head != cfg.n_head or cfg.sink_logit != "none":
+            raise ValueError("GPT2 needs family='gpt2', n_kv_head == n_head and no sink logit")
+        self.config = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)  # E
+        self.pos_emb = nn.Embedding(cfg.max_positions, cfg.d_model)  # P
+        self.blocks = nn.ModuleList(
+            Block(nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps), Attention(cfg, i),
+                  nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps), MLP(cfg))
+            for i in range(cfg.n_layer)
+        )
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # tied
+
+    def forward(
+        self,
+        ids: Tensor,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        output_attentions: bool = False,
+    ) -> ModelOutput:
+        """ids: [B, T] token ids; positions: [T] or [B, T] (default: continue the cache's stream).
+
+        With a cache, the new tokens' K/V are stored and they attend to everything the cache
+        holds (by its policy). Returns logits [B, T, vocab] (and attention weights on request).
+        """
+        pos, max_pos = self._inputs(ids, positions, cache)
+        if max_pos >= self.config.max_positions:
+            raise ValueError(
+                f"position {max_pos} does not exist in GPT-2: its learned position table has "
+                f"{self.config.max_positions} rows (0..{self.config.max_positions - 1}). Stream at most "
+                f"{self.config.max_positions} tokens with GPT-2, or use a RoPE model to go further."
+            )
+        x = self.tok_emb(ids) + self.pos_emb(pos)  # x_0 = E[token] + P[position]
+        x, attentions, key_positions = self._run_blocks(x, pos, cache, output_attentions)
+        return ModelOutput(self.lm_head(self.ln_f(x)), attentions, key_positions)

@@ -1,0 +1,166 @@
+"""A Llama-family decoder (Llama 2/3, SmolLM2, ...), readable top to bottom, with an explicit KV cache.
+
+    x_0   = E[token]                                    (no position at the input)
+    a_l   = x_l + Attn(RMSNorm_1(x_l))                  (positions enter inside attention, RoPE)
+    x_l+1 = a_l + W_down (silu(W_gate x) * W_up x)      (SwiGLU MLP on RMSNorm_2(a_l))
+    logits = RMSNorm_f(x_L) W_out
+
+RoPE (Su et al. 2021) rotates each query and key by an angle proportional to its position,
+so the score q_i . k_j depends only on the distance i - j. Keys are cached *before* rotation
+and rotated at every step with the positions the cache's policy chooses: their original
+positions, or their slots 0..n-1 inside the cache (StreamingLLM). Grouped-query attention
+(GQA): H query heads share H_kv key/value heads.
+
+Shapes: B batch, T new tokens, S cached slots, D model width, H / H_kv heads, d head width.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from course.kvcache import KVCache, SinkRotation
+from course.models.attend import attend, attend_cached
+from course.models.base import Block, CausalLM, ModelConfig, ModelOutput
+
+__all__ = ["Llama", "RMSNorm", "rope", "rotate_half"]
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * g   (Zhang & Sennrich 2019)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotate x by its positions. x: [B, heads, N, d]; positions: [B, N] or [B, heads, N].
+
+    Pair i of the d/2 pairs turns by angle  position * theta^(-2i/d):
+        rope(x, p) = x * cos(p w) + rotate_half(x) * sin(p w)
+    """
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    if positions.dim() == 2:
+        positions = positions[:, None, :]
+    angles = positions[..., None].float() * inv_freq  # [B, 1 or heads, N, d/2]
+    angles = torch.cat((angles, angles), dim=-1)
+    return x * angles.cos().to(x.dtype) + rotate_half(x) * angles.sin().to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        d, h, hkv = cfg.head_dim, cfg.n_head, cfg.n_kv_head
+        self.q = nn.Linear(cfg.d_model, h * d, bias=False)
+        self.k = nn.Linear(cfg.d_model, hkv * d, bias=False)
+        self.v = nn.Linear(cfg.d_model, hkv * d, bias=False)
+        self.o = nn.Linear(h * d, cfg.d_model, bias=False)
+        # An optional per-head logit of an empty slot: attention can go "nowhere" (sink-logit
+        # models learn it; "zero" fixes it at 0, i.e. softmax-off-by-one).
+        self.sink_logit = nn.Parameter(torch.zeros(h), requires_grad=cfg.sink_logit == "learned") \
+            if cfg.sink_logit != "none" else None
+
+    def forward(
+        self, x: Tensor, pos: Tensor, cache: KVCache | None, want_weights: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """x: [B, T, D] -> ([B, T, D], weights [B, H, T, S] or None, key positions [B, H_kv, S])."""
+        b, t, _ = x.shape
+        h, hkv, d, theta = self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim, self.cfg.rope_theta
+        q = self.q(x).view(b, t, h, d).transpose(1, 2)  # [B, H, T, d]
+        k = self.k(x).view(b, t, hkv, d).transpose(1, 2)  # [B, H_kv, T, d], not rotated
+        v = self.v(x).view(b, t, hkv, d).transpose(1, 2)
+
+        if cache is None:  # a plain forward over the whole sequence: causal attention
+            k_pos = pos[:, None, :].expand(b, hkv, t)
+            q, k = rope(q, pos, theta), rope(k, pos, theta)
+            y, w = attend(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0, sink_logit=self.sink_logit)
+        else:
+            k, v, k_pos = cache.update(self.layer_idx, k, v, pos)  # all cached slots, not rotated
+            q_rope, k_rope, sinks = cache.rope_positions(self.layer_idx, pos)  # the policy's position rule
+            qr, kr = rope(q, q_rope, theta), rope(k, k_rope, theta)
+            scale = None
+            if sinks is not None:
+                qr, kr, scale = _sink_block_rotation(q, qr, kr, sinks, theta)
+            y, w = attend_cached(cache, self.layer_idx, qr, kr, v, pos, want_weights, scale=scale,
+                                 sink_logit=self.sink_logit)
+        y = y.transpose(1, 2).reshape(b, t, h * d)
+        return self.o(y), w, k_pos
+
+
+def _sink_block_rotation(
+    q: Tensor, q_rot: Tensor, k_rot: Tensor, sinks: SinkRotation, theta: float
+) -> tuple[Tensor, Tensor, float]:
+    """Score pinned sinks with queries rotated to ``sinks.query_positions``, others as usual.
+
+    Concatenating along the head dimension does it in one attention call:
+        q' = [rope(q, p_sink) | rope(q, p)],   k' = [k_rot | 0] for sinks, [0 | k_rot] otherwise,
+    so q'.k' is the sink score for sink keys and the usual score for the rest.
+    """
+    d = q.shape[-1]
+    q_sink = rope(q, sinks.query_positions, theta)
+    zeros = torch.zeros_like(k_rot)
+    pinned = sinks.pinned[..., None]
+    k2 = torch.cat([torch.where(pinned, k_rot, zeros), torch.where(pinned, zeros, k_rot)], dim=-1)
+    return torch.cat([q_sink, q_rot], dim=-1), k2, d**-0.5
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))  # SwiGLU (Shazeer 2020)
+
+
+class Llama(CausalLM):
+    """A Llama-family decoder (RoPE, GQA, RMSNorm, SwiGLU). ``forward(ids, positions, cache)``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.family != "llama" or cfg.n_head % cfg.n_kv_head:
+            raise ValueError("Llama needs family='llama' and n_head divisible by n_kv_head")
+        self.config = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(
+            Block(RMSNorm(cfg.d_model, cfg.norm_eps), Attention(cfg, i), RMSNorm(cfg.d_model, cfg.norm_eps), MLP(cfg))
+            for i in range(cfg.n_layer)
+        )
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def forward(
+        self,
+        ids: Tensor,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        output_attentions: bool = False,
+    ) -> ModelOutput:
+        """ids: [B, T] token ids; positions: [T] or [B, T] (default: continue the cache's stream).
+
+        With a cache, the new tokens' K/V are stored and they attend to everything the cache
+        holds (by its policy). Returns logits [B, T, vocab] (and attention weights on request).
+        """
+        pos, _ = self._inputs(ids, positions, cache)
+        x, attentions, key_positions = self._run_blocks(self.tok_emb(ids), pos, cache, output_attentions)
+        return ModelOutput(self.lm_head(self.norm(x)), attentions, key_positions)

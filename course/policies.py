@@ -1,0 +1,375 @@
+"""KV-cache eviction policies: one small class per method behind one interface.
+
+A policy answers one question for every layer: *which cached slots are worth keeping?* It
+does so by scoring the slots (higher = keep, ``inf`` = never evict). The cache then
+
+* during decoding, when a new token finds the cache at ``budget`` slots, overwrites the
+  slot with the lowest score (per batch row and KV head);
+* after a prompt (``KVCache.compress``), keeps the ``prompt_budget`` best-scored slots.
+
+Policies that need attention weights (H2O, SnapKV) say how many query rows they need with
+``attention_rows`` and receive them in ``observe``; the model computes weights only then.
+
+Each policy also states its *position rule*:
+
+* ``"original"``: every token keeps the position it had in the stream (what a plain sliding
+  window does, and the only option for GPT-2, whose positions are added to the input);
+* ``"cache"``: RoPE positions are re-assigned inside the cache (slots 0..n-1), StreamingLLM's
+  rule, which lets a model stream far beyond the positions it was trained on.
+
+Budgets count slots per KV head, sinks included: ``StreamingLLM(4, 1020)`` keeps 1024.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from course.kvcache import LayerCache
+
+__all__ = [
+    "Policy",
+    "FullCache",
+    "SlidingWindow",
+    "PinSinks",
+    "StreamingLLM",
+    "H2O",
+    "SnapKV",
+    "RandomEviction",
+    "make_policy",
+    "POLICY_NAMES",
+]
+
+PositionRule = Literal["original", "cache"]
+INF = math.inf
+
+
+def _check_int(name: str, value: int, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _check_rule(positions: str) -> PositionRule:
+    if positions not in ("original", "cache"):
+        raise ValueError(f"positions must be 'original' or 'cache', got {positions!r}")
+    return positions  # type: ignore[return-value]
+
+
+def group_mean(weights: Tensor, kv_heads: int) -> Tensor:
+    """Average per-query-head numbers within each GQA group: [B, H, ...] -> [B, H_kv, ...].
+
+    Query heads h*G .. h*G+G-1 share KV head h (G = H / H_kv), as in transformers' repeat_kv.
+    """
+    b, h = weights.shape[:2]
+    return weights.reshape(b, kv_heads, h // kv_heads, *weights.shape[2:]).mean(dim=2)
+
+
+class Policy:
+    """The interface. Subclasses override ``scores`` and, when they need attention, ``observe``."""
+
+    name = "policy"
+    budget: int | None = None  # slots per KV head while decoding (None: never evict)
+    position_rule: PositionRule = "original"
+    is_static = False  # the choice depends on positions only (the exact evaluator applies)
+
+    @property
+    def prompt_budget(self) -> int | None:
+        """Slots kept when a prompt is compressed (``KVCache.compress``)."""
+        return self.budget
+
+    def scores(self, layer: LayerCache, seen: int) -> Tensor:
+        """Keep-priority of every cached slot: [B, H_kv, S] float; inf = never evict."""
+        raise NotImplementedError
+
+    def attention_rows(self, n_queries: int) -> int:
+        """How many of the last query rows' attention weights ``observe`` needs (0: none)."""
+        return 0
+
+    def observe(self, layer: LayerCache, weights: Tensor, seen: int) -> None:
+        """Receive attention weights [B, H, rows, S] over the cached slots (after the update)."""
+
+    def visible(self, q_pos: Tensor, k_pos: Tensor, slots: int | None = None) -> Tensor:
+        """Static policies: may a query at q_pos see a key at k_pos (broadcasting bool)?"""
+        raise NotImplementedError(f"{self.name} is not decided by positions alone")
+
+    def pinned(self, k_pos: Tensor) -> Tensor:
+        """Which keys are pinned sinks (bool, same shape as k_pos)."""
+        return torch.zeros_like(k_pos, dtype=torch.bool)
+
+    def check_model(self, family: str) -> None:
+        """Refuse combinations a model cannot do (GPT-2 cannot re-assign positions)."""
+        if self.position_rule == "cache" and family == "gpt2":
+            raise ValueError(
+                f"{self!r} re-assigns positions inside the cache, which GPT-2 cannot do: its positions "
+                "are learned embeddings added to the input, so every cached key and value already "
+                "carries its original position and changing it would mean recomputing them. Use "
+                "positions='original' with GPT-2 (streams of at most 1024 tokens), or a RoPE model."
+            )
+
+    @property
+    def label(self) -> str:
+        """A short name for tables and plots."""
+        return self.name
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+class FullCache(Policy):
+    """Keep everything: the dense baseline. Memory grows with every token."""
+
+    name = "full"
+    is_static = True
+
+    def scores(self, layer: LayerCache, seen: int) -> Tensor:
+        return torch.full(layer.positions[:, :, : layer.length].shape, INF, device=layer.keys.device)
+
+    def visible(self, q_pos: Tensor, k_pos: Tensor, slots: int | None = None) -> Tensor:
+        if slots is None:
+            return torch.ones_like(k_pos, dtype=torch.bool) & torch.ones_like(q_pos, dtype=torch.bool)
+        return q_pos - k_pos < slots
+
+
+class SlidingWindow(Policy):
+    """Keep the ``window`` most recent tokens: evict the oldest (a ring buffer)."""
+
+    name = "window"
+    is_static = True
+
+    def __init__(self, window: int, positions: PositionRule = "original") -> None:
+        self.window = _check_int("window", window, 1)
+        self.budget = window
+        self.position_rule = _check_rule(positions)
+
+    def scores(self, layer: LayerCache, seen: int) -> Tensor:
+        return layer.positions[:, :, : layer.length].float()
+
+    def visible(self, q_pos: Tensor, k_pos: Tensor, slots: int | None = None) -> Tensor:
+        return q_pos - k_pos < (self.window if slots is None else slots)
+
+    @property
+    def label(self) -> str:
+        return f"window({self.window})"
+
+
+class PinSinks(Policy):
+    """Wrap any policy so that the first ``n_sink`` tokens of the stream are never evicted.
+
+    The sinks count against the wrapped policy's budget: ``PinSinks(H2O(60, 40), 4)`` still
+    keeps 100 slots, 4 of them sinks. It also works as a plug-in for SnapKV and random eviction.
+    """
+
+    def __init__(self, inner: Policy, n_sink: int = 4, positions: PositionRule | None = None) -> None:
+        self.inner = inner
+        self.n_sink = _check_int("n_sink", n_sink, 0)
+        if inner.prompt_budget is not None and n_sink >= inner.prompt_budget:
+            raise ValueError(f"n_sink must be smaller than the budget ({inner.prompt_budget}), got {n_sink}")
+        self.budget = inner.budget
+        self.position_rule = inner.position_rule if positions is None else _check_rule(positions)
+        self.is_static = inner.is_static
+        self.name = f"{inner.name}+sinks"
+
+    @property
+    def prompt_budget(self) -> int | None:
+        return self.inner.prompt_budget
+
+    def pinned(self, k_pos: Tensor) -> Tensor:
+        return k_pos < self.n_sink
+
+    def scores(self, layer: LayerCache, seen: int) -> Tensor:
+        s = self.inner.scores(layer, seen)
+        return s.masked_fill(self.pinned(layer.positions[:, :, : layer.length]), INF)
+
+    def attention_rows(self, n_queries: int) -> int:
+        return self.inner.attention_rows(n_queries)
+
+    def observe(self, layer: LayerCache, weights: Tensor, seen: int) -> None:
+        self.inner.observe(layer, weights, seen)
+
+    def visible(self, q_pos: Tensor, k_pos: Tensor, slots: int | None = None) -> Tensor:
+        recent = None if self.budget is None else self.budget - self.n_sink
+        return self.pinned(k_pos) | self.inner.visible(q_pos, k_pos, recent)
+
+    @property
+    def label(self) -> str:
+        return f"{self.inner.label}+{self.n_sink} sinks"
+
+
+class StreamingLLM(PinSinks):
+    """Xiao et al. 2023: ``n_sink`` attention sinks + the ``window`` most recent tokens.
+
+    Cache = [sinks | recent]; positions re-assigned inside the cache by default (RoPE models).
+    """
+
+    def __init__(self, n_sink: int = 4, window: int = 1020, positions: PositionRule = "cache") -> None:
+        _check_int("window", window, 1)
+        super().__init__(SlidingWindow(_check_int("n_sink", n_sink, 0) + window), n_sink, positions)
+        self.window = window
+        self.name = "streaming"
+
+    @property
+    def label(self) -> str:
+        return f"streaming({self.n_sink}+{self.window})"
+
+
+class H2O(Policy):
+    """Zhang et al. 2023, Heavy-Hitter Oracle: keep the tokens that received the most attention.
+
+    Every KV head accumulates the attention each cached key has received, averaged over the
+    query heads of its GQA group. Raw sums favour old tokens (they were seen by more queries),
+    so the score is the *mean* attention per query that could see the key:
+    ``score = accumulated / (tokens seen since the key arrived)``. The ``recent`` newest
+    tokens are never evicted; budget = heavy + recent slots per KV head.
+    """
+
+    name = "h2o"
+
+    def __init__(self, heavy: int, recent: int, positions: PositionRule = "original") -> None:
+        self.heavy = _check_int("heavy", heavy, 0)
+        self.recent = _check_int("recent", recent, 0)
+        self.budget = _check_int("heavy + recent", heavy + recent, 1)
+        self.position_rule = _check_rule(positions)
+
+    def attention_rows(self, n_queries: int) -> int:
+        return n_queries
+
+    def observe(self, layer: LayerCache, weights: Tensor, seen: int) -> None:
+        acc = layer.stat("attention")  # [B, H_kv, S]
+        acc += group_mean(weights.float(), layer.keys.shape[1]).sum(dim=2)
+
+    def scores(self, layer: LayerCache, seen: int) -> Tensor:
+        pos = layer.positions[:, :, : layer.length]
+        queries_seen = (seen - pos).clamp(min=1).float()
+        s = layer.stat("attention") / queries_seen
+        return s.masked_fill(pos >= seen - self.recent, INF)
+
+    @property
+    def label(self) -> str:
+        return f"h2o({self.heavy}+{self.recent})"
+
+
+class SnapKV(Policy):
+    """Li et al. 2024: compress the prompt once, with votes from its last queries.
+
+    The last ``obs_window`` queries of the prompt vote, per head, for the earlier keys they
+    attend to; votes are pooled over neighbouring positions (``kernel``, avg or max) so whole
+    spans survive, averaged within each GQA group, and every KV head keeps its
+    ``capacity - obs_window`` best prefix slots plus the observation window itself.
+    Decoding then proceeds without eviction.
+    """
+
+    name = "snapkv"
+
+    def __init__(
+        self, capacity: int, obs_window: int = 16, kernel: int = 5, pooling: Literal["avg", "max"] = "avg",
+        positions: PositionRule = "original",
+    ) -> None:
+        self.capacity = _check_int("capacity", capacity, 2)
+        self.obs_window = _check_int("obs_window", obs_window, 1)
+        if obs_window >= capacity:
+            raise ValueError(f"obs_window must be smaller than capacity ({capacity}), got {obs_window}")
+        self.kernel = _check_int("kernel", kernel, 1)
+        if kernel % 2 == 0:
+            raise ValueError(f"kernel must be odd (the pool is centred), got {kernel}")
+        if pooling not in ("avg", "max"):
+            raise ValueError(f"pooling must be 'avg' or 'max', got {pooling!r}")
+        self.pooling = pooling
+        self.position_rule = _check_rule(positions)
+        self.budget = None  # no eviction while decoding
+
+    @property
+    def prompt_budget(self) -> int:
+        return self.capacity
+
+    def attention_rows(self, n_queries: int) -> int:
+        return min(self.obs_window, n_queries) if n_queries > 1 else 0
+
+    def observe(self, layer: LayerCache, weights: Tensor, seen: int) -> None:
+        pos = layer.positions[:, :, : layer.length]
+        if not bool((pos[..., 1:] > pos[..., :-1]).all()):
+            raise RuntimeError("SnapKV compresses a prompt once, before any eviction; this cache was already evicted")
+        votes = weights.float().sum(dim=2)  # [B, H, S]: attention from the window's queries
+        n_prefix = votes.shape[-1] - weights.shape[2]
+        pooled = self.pool(votes[..., :n_prefix])
+        stat = layer.stat("snapkv")
+        stat[..., :n_prefix] = group_mean(pooled, layer.keys.shape[1])
+        stat[..., n_prefix:] = INF  # the observation window itself is always kept
+
+    def pool(self, votes: Tensor) -> Tensor:
+        """Pool votes over neighbouring positions: [B, H, S] -> [B, H, S] (stride 1, same size)."""
+        b, h, s = votes.shape
+        x = votes.reshape(b * h, 1, s)
+        pad = self.kernel // 2
+        if self.pooling == "avg":
+            y = F.avg_pool1d(x, self.kernel, stride=1, padding=pad, count_include_pad=False)
+        else:
+            y = F.max_pool1d(x, self.kernel, stride=1, padding=pad)
+        return y.reshape(b, h, s)
+
+    def scores(self, layer: LayerCache, seen: int) -> Tensor:
+        return layer.stat("snapkv")
+
+    @property
+    def label(self) -> str:
+        return f"snapkv({self.capacity})"
+
+
+class RandomEviction(Policy):
+    """Evict a uniformly random slot: the floor any policy should beat."""
+
+    name = "random"
+
+    def __init__(self, budget: int, seed: int = 0, positions: PositionRule = "original") -> None:
+        self.budget = _check_int("budget", budget, 1)
+        self.position_rule = _check_rule(positions)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def scores(self, layer: LayerCache, seen: int) -> Tensor:
+        shape = layer.positions[:, :, : layer.length].shape
+        return torch.rand(shape, generator=self.generator).to(layer.keys.device)
+
+    @property
+    def label(self) -> str:
+        return f"random({self.budget})"
+
+
+POLICY_NAMES = ("full", "window", "streaming", "h2o", "snapkv", "random")
+
+
+def make_policy(
+    name: str, budget: int | None = None, *, sinks: int = 0, recent: int | None = None,
+    obs_window: int = 16, kernel: int = 5, positions: PositionRule | None = None, seed: int = 0,
+) -> Policy:
+    """Build a policy from a name and a total budget (slots per KV head), as the CLI does.
+
+    ``sinks`` pins the first tokens for any policy (StreamingLLM pins 4 unless told otherwise).
+    H2O splits its budget half heavy hitters, half recent unless ``recent`` is given.
+    """
+    if name not in POLICY_NAMES:
+        raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}; got {name!r}")
+    if name == "full":
+        return FullCache()
+    if budget is None:
+        raise ValueError(f"policy {name!r} needs a budget (slots per KV head)")
+    _check_int("budget", budget, 1)
+    if name == "streaming":
+        n = sinks if sinks else 4
+        if budget <= n:
+            raise ValueError(f"budget must exceed the {n} sinks, got {budget}")
+        return StreamingLLM(n, budget - n, positions or "cache")
+    rule: PositionRule = positions or "original"
+    if name == "window":
+        base: Policy = SlidingWindow(budget, rule)
+    elif name == "h2o":
+        r = budget // 2 if recent is None else recent
+        base = H2O(budget - r, r, rule)
+    elif name == "snapkv":
+        base = SnapKV(budget, min(obs_window, budget - 1), kernel, positions=rule)
+    else:
+        base = RandomEviction(budget, seed, rule)
+    return PinSinks(base, sinks) if sinks else base
