@@ -45,7 +45,8 @@ __all__ = [
 ]
 
 PositionRule = Literal["original", "cache"]
-INF = math.inf
+INF = math.inf  # pinned: never evicted
+PROTECTED = 1e9  # kept before any scored slot, but evicted before a pinned sink (plus position: oldest first)
 
 
 def _check_int(name: str, value: int, low: int) -> int:
@@ -127,7 +128,7 @@ class FullCache(Policy):
     is_static = True
 
     def scores(self, layer: LayerCache, seen: int) -> Tensor:
-        return torch.full(layer.positions[:, :, : layer.length].shape, INF, device=layer.keys.device)
+        return layer.positions[:, :, : layer.length].float()  # (never called: no budget)
 
     def visible(self, q_pos: Tensor, k_pos: Tensor, slots: int | None = None) -> Tensor:
         if slots is None:
@@ -224,7 +225,7 @@ class H2O(Policy):
     query heads of its GQA group. Raw sums favour old tokens (they were seen by more queries),
     so the score is the *mean* attention per query that could see the key:
     ``score = accumulated / (tokens seen since the key arrived)``. The ``recent`` newest
-    tokens are never evicted; budget = heavy + recent slots per KV head.
+    tokens are kept before any heavy hitter; budget = heavy + recent slots per KV head.
     """
 
     name = "h2o"
@@ -246,7 +247,7 @@ class H2O(Policy):
         pos = layer.positions[:, :, : layer.length]
         queries_seen = (seen - pos).clamp(min=1).float()
         s = layer.stat("attention") / queries_seen
-        return s.masked_fill(pos >= seen - self.recent, INF)
+        return torch.where(pos >= seen - self.recent, PROTECTED + pos, s)
 
     @property
     def label(self) -> str:
@@ -298,7 +299,7 @@ class SnapKV(Policy):
         pooled = self.pool(votes[..., :n_prefix])
         stat = layer.stat("snapkv")
         stat[..., :n_prefix] = group_mean(pooled, layer.keys.shape[1])
-        stat[..., n_prefix:] = INF  # the observation window itself is always kept
+        stat[..., n_prefix:] = PROTECTED + pos[..., n_prefix:]  # the observation window itself is kept
 
     def pool(self, votes: Tensor) -> Tensor:
         """Pool votes over neighbouring positions: [B, H, S] -> [B, H, S] (stride 1, same size)."""

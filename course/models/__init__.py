@@ -148,6 +148,10 @@ def load_hf_model(name: str, dtype: torch.dtype = torch.float32):
     from course import assets
 
     if name == "gpt2":
+        ok, why = gpt2_available()
+        if not ok:
+            raise assets.AssetMissing(f"gpt2 is not available here ({why}); it comes from the Hugging Face "
+                                      "hub only. Offline, use model='smollm2-135m' (after `python -m course fetch`).")
         src = GPT2_HUB_ID
     elif name == "smollm2-135m":
         if assets.status()["smollm2-135m"] or _hub_offline():

@@ -126,5 +126,5 @@ def attend_cached(
     mask = cache.attention_mask(layer_idx, q_pos)
     y, w = attend(q, k, v, mask, scale=scale, weight_rows=rows, sink_logit=sink_logit)
     if policy_rows:
-        cache.policy.observe(cache.layers[layer_idx], w[:, :, t - policy_rows :], cache.seen)
+        cache.policy.observe(cache.layers[layer_idx], w[:, :, w.shape[2] - policy_rows :], cache.seen)
     return y, (w if want_weights else None)

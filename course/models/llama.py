@@ -54,10 +54,11 @@ def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
         rope(x, p) = x * cos(p w) + rotate_half(x) * sin(p w)
     """
     d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    dtype = torch.promote_types(x.dtype, torch.float32)  # float32 angles (as transformers), float64 for tests
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=dtype) / d))
     if positions.dim() == 2:
         positions = positions[:, None, :]
-    angles = positions[..., None].float() * inv_freq  # [B, 1 or heads, N, d/2]
+    angles = positions[..., None].to(dtype) * inv_freq  # [B, 1 or heads, N, d/2]
     angles = torch.cat((angles, angles), dim=-1)
     return x * angles.cos().to(x.dtype) + rotate_half(x) * angles.sin().to(x.dtype)
 

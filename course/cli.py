@@ -1,0 +1,153 @@
+"""The subcommands of ``python -m course``. Each returns a dict (printed as JSON with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["COMMANDS", "Command"]
+
+
+@dataclass
+class Command:
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], dict | None]
+
+    def add_parser(self, sub) -> None:
+        p = sub.add_parser(self.name, help=self.help, description=self.help)
+        self.configure(p)
+        p.set_defaults(run=self.run)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+# ----------------------------------------------------------------------------- fetch
+def _fetch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("names", nargs="*", default=["smollm2-135m", "austen"], help="assets (default: all)")
+    p.add_argument("--force", action="store_true", help="fetch again even if present")
+    p.add_argument("--json", action="store_true")
+
+
+def _fetch(args: argparse.Namespace) -> dict:
+    from course import assets
+
+    folders = assets.fetch(tuple(args.names), progress=not args.json, force=args.force)
+    if not args.json:
+        for name, folder in folders.items():
+            print(f"{name}: ready in {folder}")
+    return {name: str(folder) for name, folder in folders.items()}
+
+
+# ----------------------------------------------------------------------------- info
+def _info_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true")
+
+
+def _info(args: argparse.Namespace) -> dict:
+    import torch
+    import transformers
+
+    from course import __version__, assets
+    from course.models import gpt2_available
+
+    status = assets.status()
+    gpt2_ok, gpt2_why = gpt2_available()
+    info = {
+        "course": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpu_threads": torch.get_num_threads(),
+        "cache_dir": str(assets.cache_dir()),
+        "models": {"smollm2-135m": status["smollm2-135m"], "gpt2": gpt2_ok},
+        "corpora": {"austen": status["austen"]},
+    }
+    if not args.json:
+        print(f"attention-sinks-course {info['course']}  python {info['python']}  torch {info['torch']}  "
+              f"transformers {info['transformers']}")
+        print(f"device: {info['device']}" + (f" ({info['gpu']})" if info["gpu"] else f" ({info['cpu_threads']} threads)"))
+        print(f"cache:  {info['cache_dir']}")
+        yes = {True: "available", False: "missing"}
+        print(f"model smollm2-135m: {yes[status['smollm2-135m']]}")
+        print(f"model gpt2:         {yes[gpt2_ok]} ({gpt2_why})")
+        print(f"corpus austen:      {yes[status['austen']]}")
+        if not all(status.values()):
+            print("Run `python -m course fetch` to bring the missing assets.")
+    return info
+
+
+# ----------------------------------------------------------------------------- stream
+def _stream_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", choices=["auto", "gpt2", "smollm2-135m"])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--corpus", default="austen", help="austen (default), pg19 or wikitext")
+    src.add_argument("--text-file", help="a local UTF-8 text file")
+    p.add_argument("--book", default=None, help="with --corpus austen: one novel, e.g. pride_and_prejudice")
+    p.add_argument("--policy", default="streaming", choices=["full", "window", "streaming"])
+    p.add_argument("--sinks", type=non_negative_int, default=4, help="sink tokens (streaming), default 4")
+    p.add_argument("--window", type=positive_int, default=1020, help="recent tokens kept, default 1020")
+    p.add_argument("--positions", choices=["original", "cache"], default=None,
+                   help="position rule (default: cache for streaming on RoPE models, else original)")
+    p.add_argument("--tokens", type=positive_int, default=2048)
+    p.add_argument("--method", choices=["auto", "exact", "decode"], default="auto",
+                   help="exact chunked evaluator (default) or the token-by-token decode loop")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true")
+
+
+def _stream(args: argparse.Namespace) -> dict:
+    from course.data import load_text, tokenize
+    from course.models import load_model
+    from course.policies import FullCache, SlidingWindow, StreamingLLM
+    from course.streaming import evaluate_stream
+
+    model, tok = load_model(args.model, args.device, verbose=not args.json)
+    family = model.config.family
+    rule = args.positions or ("cache" if args.policy == "streaming" and family == "llama" else "original")
+    if args.policy == "full":
+        policy = FullCache()
+    elif args.policy == "window":
+        policy = SlidingWindow(args.window, rule)
+    else:
+        policy = StreamingLLM(args.sinks, args.window, rule)
+    text = load_text(args.text_file) if args.text_file else load_text(args.corpus, args.book)
+    ids = tokenize(tok, text, args.tokens, model.device)
+    result = evaluate_stream(model, ids, policy, args.method, progress=not args.json)
+    out = {
+        "model": model.config.name, "policy": args.policy, "label": policy.label, "positions": policy.position_rule,
+        "sinks": args.sinks if args.policy == "streaming" else 0,
+        "window": None if args.policy == "full" else args.window, "tokens": result.tokens,
+        "ppl": result.ppl(), "ppl_after_fill": result.ppl_after_fill, "max_cache_bytes": result.max_cache_bytes,
+        "seconds": round(result.seconds, 3), "method": args.method, "device": str(model.device),
+    }
+    if not args.json:
+        after = "n/a (the cache never filled)" if out["ppl_after_fill"] is None else f"{out['ppl_after_fill']:.2f}"
+        print(f"{out['model']} {policy.label} [{policy.position_rule} positions] on {out['tokens']} tokens: "
+              f"PPL {out['ppl']:.2f}, after the cache fills {after}, max cache "
+              f"{out['max_cache_bytes'] / 2**20:.1f} MiB, {out['seconds']:.1f} s")
+    return out
+
+
+COMMANDS: list[Command] = [
+    Command("fetch", "download the offline model and corpus into the course cache", _fetch_args, _fetch),
+    Command("info", "show device, versions, and which models and corpora are available", _info_args, _info),
+    Command("stream", "perplexity of a long text streamed through a bounded KV cache", _stream_args, _stream),
+]

@@ -1,0 +1,55 @@
+"""The command line, end to end on the offline model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from course.__main__ import main
+
+
+def run_json(capsys, *argv) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_info(capsys):
+    info = run_json(capsys, "info")
+    assert info["models"]["smollm2-135m"] is True and info["corpora"]["austen"] is True
+    assert info["device"] in ("cpu", "cuda")
+
+
+def test_stream_json(capsys):
+    out = run_json(capsys, "stream", "--model", "smollm2-135m", "--policy", "streaming", "--sinks", "4",
+                   "--window", "60", "--tokens", "200")
+    for key in ("model", "policy", "sinks", "window", "tokens", "ppl", "ppl_after_fill", "max_cache_bytes", "seconds"):
+        assert key in out
+    assert out["tokens"] == 200 and out["sinks"] == 4 and out["positions"] == "cache"
+    assert out["max_cache_bytes"] == 2 * 30 * 3 * 64 * 4 * 64  # 64 slots, float32
+    assert 5 < out["ppl"] < 60
+
+
+def test_stream_text_file(capsys, tmp_path):
+    f = tmp_path / "story.txt"
+    f.write_text("Once upon a time there was a cache that never forgot its first token. " * 20)
+    out = run_json(capsys, "stream", "--text-file", str(f), "--policy", "window", "--window", "32", "--tokens", "100")
+    assert out["policy"] == "window" and out["ppl_after_fill"] is not None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["stream", "--tokens", "0"], "must be an integer >= 1"),
+    (["stream", "--policy", "lru"], "invalid choice"),
+    (["stream", "--model", "gpt-9"], "invalid choice"),
+])
+def test_bad_arguments_exit_with_a_message(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_values_exit_cleanly(capsys, tmp_path):
+    assert main(["stream", "--tokens", "10000000", "--book", "persuasion"]) == 2
+    assert "fewer than n_tokens" in capsys.readouterr().err
+    assert main(["stream", "--book", "ulysses", "--tokens", "10"]) == 2
+    assert "book must be one of" in capsys.readouterr().err

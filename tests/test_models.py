@@ -1,0 +1,136 @@
+"""The course's models against transformers, and the cache against a full forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from course.models import from_transformers, gpt2_available, load_model
+from course.models.attend import attend
+
+from .conftest import tiny_model
+
+
+def random_hf(family: str):
+    torch.manual_seed(0)
+    if family == "gpt2":
+        cfg = GPT2Config(vocab_size=101, n_positions=128, n_embd=64, n_layer=3, n_head=4)
+        return GPT2LMHeadModel(cfg).eval()
+    cfg = LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_random_model_parity_with_transformers(family, impl):
+    hf = random_hf(family)
+    hf.config._attn_implementation = impl
+    model = from_transformers(hf)
+    ids = torch.randint(0, 101, (2, 40))
+    with torch.no_grad():
+        diff = (hf(ids).logits - model(ids).logits).abs().max().item()
+    print(f"{family} {impl}: max |logit diff| = {diff:.2e}")
+    assert diff <= 1e-4
+
+
+def test_smollm2_parity_with_transformers(smollm2, austen_ids):
+    model, _, hf = smollm2
+    ids = austen_ids[:, :256]
+    with torch.no_grad():
+        ref = hf(ids).logits  # transformers' eager attention
+        ours = model(ids).logits  # the fused SDPA path
+        diff = (ref - ours).abs().max().item()
+    print(f"SmolLM2-135M: max |logit diff| = {diff:.2e} (logits up to {ref.abs().max():.1f})")
+    assert diff <= 1e-4
+
+
+def test_real_gpt2_parity_when_online():
+    ok, why = gpt2_available()
+    if not ok:
+        pytest.skip(f"gpt2 weights unavailable: {why}")
+    from course.models import load_hf_model
+
+    hf, tok = load_hf_model("gpt2")
+    model = from_transformers(hf, "gpt2")
+    ids = tok("The attention sink is the first token of the sequence.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert (hf(ids).logits - model(ids).logits).abs().max().item() <= 1e-4
+
+
+def test_explicit_and_fused_attention_agree():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 6, 5, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
+    mask = torch.rand(2, 3, 5, 9) > 0.3
+    mask[..., 0] = True
+    a, _ = attend(q, k, v, mask, explicit=True)
+    b, _ = attend(q, k, v, mask)
+    assert torch.allclose(a, b, atol=1e-5)
+    c, w = attend(q, k, v, mask, weight_rows=2)
+    assert torch.allclose(b, c) and w.shape == (2, 6, 2, 9)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 6, 2), atol=1e-5)
+
+
+def test_cached_decode_equals_full_forward(family):
+    model = tiny_model(family)
+    ids = torch.randint(0, 97, (3, 30))
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = model.new_cache(batch=3)
+        steps = [model(ids[:, :7], cache=cache).logits]  # a prompt, then one token at a time
+        steps += [model(ids[:, t : t + 1], cache=cache).logits for t in range(7, 30)]
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-10)
+    assert cache.seen == 30 and cache.n_slots == 30
+
+
+def test_smollm2_cached_decode_equals_full_forward(smollm2, austen_ids):
+    model = smollm2[0]
+    ids = torch.cat([austen_ids[:, :40], austen_ids[:, 100:140]])  # batch of 2
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = model.new_cache(batch=2)
+        steps = [model(ids[:, t : t + 1], cache=cache).logits for t in range(40)]
+    dec = torch.cat(steps, 1)
+    print(f"decode vs full: max |diff| = {(dec - full).abs().max():.2e}")
+    assert torch.allclose(dec, full, atol=5e-4, rtol=1e-4)
+
+
+def test_attention_weights_are_returned_and_normalised(family):
+    model = tiny_model(family)
+    out = model(torch.randint(0, 97, (1, 12)), output_attentions=True)
+    assert len(out.attentions) == 2 and out.attentions[0].shape == (1, 4, 12, 12)
+    w = out.attentions[1]
+    assert torch.allclose(w.sum(-1), torch.ones_like(w.sum(-1)))
+    assert torch.all(w.triu(1) == 0)  # causal
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_unknown_model_name():
+    with pytest.raises(ValueError, match="model must be one of"):
+        load_model("gpt-5")
+
+
+def test_gpt2_positions_beyond_table():
+    model = tiny_model("gpt2", max_positions=16)
+    with pytest.raises(ValueError, match="position 16 does not exist"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    cache = model.new_cache()
+    model(torch.zeros(1, 16, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="learned position table has 16 rows"):
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+
+
+def test_cache_of_another_model_is_refused():
+    small, other = tiny_model("llama"), tiny_model("llama", n_kv_head=4)
+    cache = other.new_cache()
+    with pytest.raises(ValueError, match="does not fit this model"):
+        small(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+
+
+def test_empty_and_malformed_input(family):
+    model = tiny_model(family)
+    with pytest.raises(ValueError, match="ids is empty"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"ids must be \[batch, tokens\]"):
+        model(torch.zeros(5, dtype=torch.long))

@@ -1,0 +1,212 @@
+"""Eviction policies: budgets, pinned sinks, H2O and SnapKV against direct computations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course.kvcache import KVCache, LayerCache, cache_bytes_per_token
+from course.policies import (H2O, FullCache, PinSinks, RandomEviction, SlidingWindow, SnapKV, StreamingLLM,
+                             group_mean, make_policy)
+
+from .conftest import tiny_model
+
+
+def policies(budget: int, n_sink: int):
+    """Every policy at a total budget, with and without pinned sinks."""
+    base = [SlidingWindow(budget), H2O(budget - budget // 2, budget // 2), RandomEviction(budget, seed=1)]
+    out = base + [StreamingLLM(n_sink, budget - n_sink)] if n_sink < budget else list(base)
+    if 0 < n_sink < budget:
+        out += [PinSinks(p, n_sink) for p in base]
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(budget=st.integers(3, 12), n_sink=st.integers(0, 4), length=st.integers(1, 30), batch=st.integers(1, 2),
+       family=st.sampled_from(["gpt2", "llama"]))
+def test_budget_never_exceeded_and_sinks_never_dropped(budget, n_sink, length, batch, family):
+    model = tiny_model(family)
+    ids = torch.randint(0, 97, (batch, length))
+    for policy in policies(budget, n_sink):
+        if policy.position_rule == "cache" and family == "gpt2":
+            continue
+        cache = model.new_cache(batch, policy)
+        pinned = getattr(policy, "n_sink", 0)
+        with torch.no_grad():
+            for t in range(length):
+                model(ids[:, t : t + 1], cache=cache)
+                for layer in cache.layers:
+                    pos = layer.live()[2]
+                    assert layer.length <= budget, policy
+                    assert layer.length == min(t + 1, budget)
+                    for p in range(min(pinned, t + 1)):  # every sink is in every (batch, head)
+                        assert bool((pos == p).any(-1).all()), (policy, t, p)
+                    assert bool((pos == t).any(-1).all())  # the newest token is always there
+                    srt = pos.sort(-1).values
+                    assert bool((srt[..., 1:] > srt[..., :-1]).all())  # no token twice
+
+
+def test_window_keeps_exactly_the_most_recent():
+    model = tiny_model("llama")
+    cache = model.new_cache(1, SlidingWindow(5))
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 1)), cache=cache)
+        for _ in range(11):
+            model(torch.randint(0, 97, (1, 1)), cache=cache)
+    assert sorted(cache.positions(0)[0, 0].tolist()) == [7, 8, 9, 10, 11]
+
+
+def test_streaming_llm_keeps_sinks_and_recent():
+    model = tiny_model("llama")
+    cache = model.new_cache(1, StreamingLLM(2, 3))
+    with torch.no_grad():
+        for _ in range(12):
+            model(torch.randint(0, 97, (1, 1)), cache=cache)
+    assert sorted(cache.positions(1)[0, 1].tolist()) == [0, 1, 9, 10, 11]
+
+
+def test_cache_bytes_formula():
+    model = tiny_model("llama", dtype=torch.float32)
+    cache = model.new_cache(2)
+    with torch.no_grad():
+        model(torch.randint(0, 97, (2, 9)), cache=cache)
+    c = model.config
+    assert cache.nbytes == 2 * cache_bytes_per_token(c.n_layer, c.n_kv_head, c.head_dim, 4) * 9
+    assert cache.nbytes == 2 * c.n_layer * 2 * c.n_kv_head * c.head_dim * 9 * 4
+    assert cache.allocated_bytes >= cache.nbytes
+
+
+def test_gpt2_refuses_position_reassignment():
+    model = tiny_model("gpt2")
+    with pytest.raises(ValueError, match="GPT-2 cannot do"):
+        model.new_cache(1, StreamingLLM(4, 10))
+    model.new_cache(1, StreamingLLM(4, 10, positions="original"))  # fine
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: SlidingWindow(0), lambda: StreamingLLM(4, 0), lambda: StreamingLLM(-1, 5), lambda: H2O(-1, 4),
+    lambda: SnapKV(8, obs_window=8), lambda: SnapKV(16, kernel=4), lambda: SnapKV(16, pooling="median"),
+    lambda: PinSinks(SlidingWindow(4), 4), lambda: SlidingWindow(8, positions="absolute"),
+    lambda: make_policy("lru", 10), lambda: make_policy("window"), lambda: make_policy("streaming", 4),
+])
+def test_bad_policy_parameters_are_refused(bad):
+    with pytest.raises(ValueError, match="must|one of|needs|exceed"):
+        bad()
+
+
+# ----------------------------------------------------------------------------- H2O
+def test_gqa_group_mean_hand_computed():
+    # 4 query heads, 2 KV heads: heads 0,1 -> KV 0; heads 2,3 -> KV 1
+    w = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.2, 0.8], [0.6, 0.4]]])  # [B=1, H=4, S=2]
+    assert torch.allclose(group_mean(w, 2), torch.tensor([[[0.5, 0.5], [0.4, 0.6]]]))
+
+
+def test_h2o_accumulates_mean_attention_per_kv_head():
+    layer = LayerCache(torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 4, 3), torch.full((1, 2, 4), -1))
+    layer.append(torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 3, 3), torch.tensor([[0, 1, 2]]))
+    policy = H2O(heavy=2, recent=0)
+    # prompt of 3 queries, 4 query heads (GQA groups of 2)
+    w = torch.zeros(1, 4, 3, 3)
+    w[:, :, 0, 0] = 1.0
+    w[:, :, 1, :2] = torch.tensor([0.5, 0.5])
+    w[:, 0, 2] = torch.tensor([0.7, 0.1, 0.2])
+    w[:, 1, 2] = torch.tensor([0.3, 0.3, 0.4])
+    w[:, 2:, 2] = torch.tensor([0.0, 0.0, 1.0])
+    policy.observe(layer, w, seen=0)
+    acc = layer.stat("attention")
+    assert torch.allclose(acc[0, 0], torch.tensor([1 + 0.5 + 0.5, 0.5 + 0.2, 0.3]))
+    assert torch.allclose(acc[0, 1], torch.tensor([1.5, 0.5, 1.0]))
+    # normalised by how many queries could see each key (3, 2, 1 after 3 tokens)
+    assert torch.allclose(policy.scores(layer, seen=3)[0, 0], torch.tensor([2.0 / 3, 0.7 / 2, 0.3]))
+
+
+def test_h2o_with_budget_at_least_length_equals_dense():
+    model = tiny_model("llama")
+    ids = torch.randint(0, 97, (2, 20))
+    with torch.no_grad():
+        dense = model(ids).logits
+        cache = model.new_cache(2, H2O(heavy=10, recent=10))
+        steps = [model(ids[:, t : t + 1], cache=cache).logits for t in range(20)]
+    assert torch.allclose(torch.cat(steps, 1), dense, atol=1e-10)
+
+
+def test_h2o_batch_rows_evict_independently():
+    model = tiny_model("llama", seed=3)
+    ids = torch.randint(0, 97, (2, 30))
+    cache = model.new_cache(2, H2O(heavy=4, recent=2))
+    with torch.no_grad():
+        for t in range(30):
+            model(ids[:, t : t + 1], cache=cache)
+    pos = cache.positions(1)
+    assert pos.shape == (2, 2, 6)
+    assert not torch.equal(pos[0].sort(-1).values, pos[1].sort(-1).values)
+
+
+# ----------------------------------------------------------------------------- SnapKV
+def direct_snapkv(weights, capacity, window, kernel, kv_heads, pooling="avg"):
+    """SnapKV's selection written out plainly, one (batch, KV head) at a time.
+
+    Returns the kept positions and the pooled score of every prefix position."""
+    b, h, w, s = weights.shape
+    group = h // kv_heads
+    keep, scores = [], []
+    for bi in range(b):
+        rows, srows = [], []
+        for g in range(kv_heads):
+            votes = weights[bi, g * group : (g + 1) * group, :, : s - w].sum(1)  # [group, prefix]
+            pool = F.avg_pool1d if pooling == "avg" else F.max_pool1d
+            extra = {"count_include_pad": False} if pooling == "avg" else {}
+            pooled = pool(votes[:, None], kernel, 1, kernel // 2, **extra)[:, 0].mean(0)
+            top = pooled.topk(capacity - w).indices
+            rows.append(sorted(top.tolist() + list(range(s - w, s))))
+            srows.append(pooled)
+        keep.append(rows)
+        scores.append(srows)
+    return keep, scores
+
+
+@pytest.mark.parametrize("pooling", ["avg", "max"])
+def test_snapkv_selection_matches_direct_computation(pooling):
+    torch.manual_seed(0)
+    b, h, kv, s, w, cap, kernel = 2, 6, 3, 40, 4, 12, 5
+    cache = KVCache(1, b, kv, 8, policy=SnapKV(cap, w, kernel, pooling))
+    layer = cache.layers[0]
+    layer.append(torch.randn(b, kv, s, 8), torch.randn(b, kv, s, 8), torch.arange(s).expand(b, s))
+    weights = torch.softmax(torch.randn(b, h, w, s) * 3, -1)
+    cache.policy.observe(layer, weights, seen=0)
+    cache.seen = s
+    cache.compress()
+    got = cache.positions(0).tolist()
+    expected, pooled = direct_snapkv(weights, cap, w, kernel, kv, pooling)
+    if pooling == "avg":
+        assert got == expected
+    else:  # max pooling makes ties between neighbours: compare the kept scores, not the tie-break
+        for bi in range(b):
+            for g in range(kv):
+                kept = sorted(pooled[bi][g][[p for p in got[bi][g] if p < s - w]].tolist())
+                best = sorted(pooled[bi][g].topk(cap - w).values.tolist())
+                assert kept == pytest.approx(best) and got[bi][g][-w:] == list(range(s - w, s))
+
+
+def test_snapkv_in_the_model_compresses_the_prompt_and_then_grows():
+    model = tiny_model("llama")
+    cache = model.new_cache(1, SnapKV(capacity=10, obs_window=3))
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 30)), cache=cache)
+        cache.compress()
+        assert cache.n_slots == 10
+        assert all(set(range(27, 30)) <= set(p.tolist()) for p in cache.positions(1)[0])
+        for _ in range(4):
+            model(torch.randint(0, 97, (1, 1)), cache=cache)
+    assert cache.n_slots == 14  # no eviction while decoding
+
+
+def test_full_cache_never_evicts():
+    cache = KVCache(1, 1, 1, 2, policy=FullCache())
+    layer = cache.layers[0]
+    for t in range(100):
+        cache.update(0, torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), torch.tensor([[t]]))
+    assert layer.length == 100 and layer.capacity >= 100
