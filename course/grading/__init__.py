@@ -1,0 +1,16 @@
+"""Graded exercises: checks with targeted hints, student release, and the autograder.
+
+In a notebook, after the exercise cell::
+
+    my_fn = check("01.kv_cache_bytes", my_fn, autofill=AUTOFILL)
+
+``check`` runs small deterministic cases against the reference in the package. A wrong
+answer raises ``ExerciseFailed`` with a hint aimed at the likely mistake; an exercise not yet
+done (``raise NotImplementedError()``) raises ``NotDoneYet``, unless ``autofill`` is on, in
+which case the reference is used (with a visible warning) so the notebook still runs end to
+end. Exercises are marked with nbgrader's ``### BEGIN SOLUTION`` / ``### END SOLUTION``.
+"""
+
+from course.grading.core import REGISTRY, Exercise, ExerciseFailed, NotDoneYet, Wrong, check, exercise
+
+__all__ = ["check", "exercise", "Exercise", "ExerciseFailed", "NotDoneYet", "Wrong", "REGISTRY"]

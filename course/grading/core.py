@@ -1,0 +1,103 @@
+"""The exercise registry and ``check``, the function every check cell calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["Exercise", "Wrong", "ExerciseFailed", "NotDoneYet", "REGISTRY", "exercise", "check", "result_of"]
+
+GRADE_OUT_ENV = "COURSE_GRADE_OUT"  # set by the autograder: results go to this JSON-lines file
+AUTOFILL_ENV = "COURSE_AUTOFILL"
+
+
+class Wrong(AssertionError):
+    """Raised by a checker: the student's function gave a wrong result. The message is the hint."""
+
+
+class ExerciseFailed(AssertionError):
+    """What the student sees when an exercise is wrong."""
+
+
+class NotDoneYet(RuntimeError):
+    """What the student sees when an exercise still raises NotImplementedError."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str  # "<notebook>.<name>", e.g. "01.kv_cache_bytes"
+    title: str
+    reference: Callable
+    checker: Callable[[Callable], None]  # raises Wrong(hint) on a wrong function
+    points: int = 1
+
+
+REGISTRY: dict[str, Exercise] = {}
+
+
+def exercise(id: str, title: str, reference: Callable, points: int = 1):
+    """Decorator that registers a checker for an exercise."""
+
+    def register(checker: Callable[[Callable], None]) -> Callable[[Callable], None]:
+        if id in REGISTRY:
+            raise ValueError(f"exercise {id!r} registered twice")
+        REGISTRY[id] = Exercise(id, title, reference, checker, points)
+        return checker
+
+    return register
+
+
+def _load_all() -> None:
+    from course.grading import exercises  # noqa: F401  (registers every notebook's exercises)
+
+
+def get(id: str) -> Exercise:
+    _load_all()
+    if id not in REGISTRY:
+        raise KeyError(f"unknown exercise {id!r}; known: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[id]
+
+
+def result_of(ex: Exercise, fn: Callable) -> tuple[str, str]:
+    """Run an exercise's checker on ``fn``: ("pass" | "not_done" | "wrong" | "error", feedback)."""
+    try:
+        ex.checker(fn)
+    except NotImplementedError:
+        return "not_done", "not attempted (the function still raises NotImplementedError)"
+    except Wrong as e:
+        return "wrong", str(e)
+    except Exception as e:  # the student's code crashed
+        frames = traceback.extract_tb(e.__traceback__)
+        where = next((f"line {f.lineno}" for f in reversed(frames) if "course" not in f.filename), "")
+        return "error", f"your function raised {type(e).__name__}: {e} {where}".strip()
+    return "pass", "correct"
+
+
+def _autofill_default() -> bool:
+    return os.environ.get(AUTOFILL_ENV, "0") == "1"
+
+
+def check(id: str, fn: Callable, autofill: bool | None = None) -> Callable:
+    """Check a student's function for exercise ``id``; return the function to use from now on."""
+    ex = get(id)
+    autofill = _autofill_default() if autofill is None else autofill
+    status, feedback = result_of(ex, fn)
+    grade_out = os.environ.get(GRADE_OUT_ENV)
+    if grade_out:  # autograder: record, never stop the notebook, carry on with the reference
+        with open(grade_out, "a") as f:
+            f.write(json.dumps({"exercise": id, "status": status, "points": ex.points if status == "pass" else 0,
+                                "max_points": ex.points, "feedback": feedback}) + "\n")
+        return fn if status == "pass" else ex.reference
+    if status == "pass":
+        print(f"✓ {ex.title}: correct.")
+        return fn
+    if status == "not_done":
+        if autofill:
+            print(f"⚠ {ex.title}: not done yet, AUTOFILL is on, so the reference solution is used from here on.")
+            return ex.reference
+        raise NotDoneYet(f"{ex.title} is not done yet: replace `raise NotImplementedError()` with your code "
+                         "(or set AUTOFILL = True in the parameters cell to run on with the reference).")
+    raise ExerciseFailed(f"✗ {ex.title}: {feedback}")

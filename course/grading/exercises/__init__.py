@@ -1,0 +1,3 @@
+"""Every notebook's exercises: importing this package registers their checkers."""
+
+from course.grading.exercises import nb01  # noqa: F401

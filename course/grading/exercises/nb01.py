@@ -1,0 +1,134 @@
+"""Notebook 01 (the KV cache): references and checkers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from course.grading.core import Wrong, exercise
+from course.grading.exercises.fixtures import CallCounter, close, tiny_model
+from course.kvcache import cache_bytes_per_token
+
+
+# ----------------------------------------------------------------------------- 1. one attention step
+def attention_step(q: Tensor, k_new: Tensor, v_new: Tensor, K: Tensor, V: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One decoding step of single-head attention with a KV cache.
+
+    q, k_new, v_new: [d] for the new token; K, V: [t, d] cached so far (t may be 0).
+    Returns (output [d], K' [t+1, d], V' [t+1, d]).
+    """
+    K = torch.cat([K, k_new[None]])  # the new token's key and value join the cache first
+    V = torch.cat([V, v_new[None]])
+    weights = torch.softmax(K @ q / math.sqrt(q.shape[-1]), dim=0)  # softmax(q K^T / sqrt(d))
+    return weights @ V, K, V
+
+
+@exercise("01.attention_step", "Exercise 1 (attention with a KV cache)", attention_step)
+def _check_attention_step(fn) -> None:
+    torch.manual_seed(1)
+    d, steps = 8, 6
+    qs, ks, vs = torch.randn(steps, d) * 2, torch.randn(steps, d) * 2, torch.randn(steps, d)
+    K, V = torch.zeros(0, d), torch.zeros(0, d)
+    for t in range(steps):
+        out = fn(qs[t], ks[t], vs[t], K, V)
+        if not isinstance(out, tuple) or len(out) != 3:
+            raise Wrong("return a tuple (output, K, V): the output and the grown cache")
+        y, K_new, V_new = out
+        if tuple(K_new.shape) != (t + 1, d) or tuple(V_new.shape) != (t + 1, d):
+            raise Wrong(f"after step {t} the cache must hold {t + 1} rows of size {d} (one per token seen), "
+                        f"got K {tuple(K_new.shape)} and V {tuple(V_new.shape)}: append exactly one row per step")
+        if not close(K_new[-1], ks[t]) or not close(V_new[-1], vs[t]):
+            raise Wrong("the last row of the cache must be the new token's key and value (k_new, v_new)")
+        expected = torch.softmax(ks[: t + 1] @ qs[t] / math.sqrt(d), 0) @ vs[: t + 1]
+        if not close(y, expected, 1e-5):
+            unscaled = torch.softmax(ks[: t + 1] @ qs[t], 0) @ vs[: t + 1]
+            if close(y, unscaled, 1e-5):
+                raise Wrong("scale the scores by 1/sqrt(d) before the softmax")
+            if t > 0:
+                without_new = torch.softmax(ks[:t] @ qs[t] / math.sqrt(d), 0) @ vs[:t]
+                if close(y, without_new, 1e-5):
+                    raise Wrong("the new token must attend to itself too: append k_new, v_new to the cache "
+                                "*before* computing the scores")
+            if close(y, vs[: t + 1].mean(0), 1e-5) and t > 0:
+                raise Wrong("your weights are uniform: is the softmax taken over the right axis (the keys)?")
+            raise Wrong(f"at step {t} the output differs from softmax(K q / sqrt(d)) V "
+                        f"(max difference {(torch.as_tensor(y) - expected).abs().max():.3g})")
+        K, V = K_new, V_new
+
+
+# ----------------------------------------------------------------------------- 2. bytes of a cache
+def kv_cache_bytes(n_layers: int, kv_heads: int, head_dim: int, tokens: int, batch: int = 1,
+                   dtype_bytes: int = 2) -> int:
+    """Bytes of a KV cache: 2 (K and V) * layers * kv_heads * head_dim * tokens * batch * bytes per number."""
+    return cache_bytes_per_token(n_layers, kv_heads, head_dim, dtype_bytes) * tokens * batch
+
+
+@exercise("01.kv_cache_bytes", "Exercise 2 (bytes of a KV cache)", kv_cache_bytes)
+def _check_kv_cache_bytes(fn) -> None:
+    cases = [(32, 32, 128, 4096, 1, 2), (30, 3, 64, 1000, 4, 4), (12, 12, 64, 1024, 8, 2), (40, 8, 128, 7, 3, 1)]
+    for case in cases:
+        got, want = fn(*case), kv_cache_bytes(*case)
+        if got == want:
+            continue
+        layers, heads, d, t, b, nb = case
+        if got * 2 == want:
+            raise Wrong("the cache holds keys AND values: multiply by 2")
+        if got == want // b:
+            raise Wrong("every sequence in the batch has its own cache: multiply by batch")
+        if got == want // nb:
+            raise Wrong("that is a count of numbers, not bytes: multiply by dtype_bytes")
+        if got == want // layers:
+            raise Wrong("every layer has its own cache: multiply by n_layers")
+        raise Wrong(f"kv_cache_bytes{case} should be {want:,} bytes, got {got!r}")
+
+
+# ----------------------------------------------------------------------------- 3. greedy decoding
+@torch.inference_mode()
+def generate_greedy(model, prompt: Tensor, n_new: int) -> Tensor:
+    """Greedy decoding with a KV cache: prompt [1, P] -> [1, P + n_new].
+
+    The prompt goes through the model once; after that only the newest token is fed,
+    because the cache already holds the keys and values of everything before it.
+    """
+    cache = model.new_cache(batch=prompt.shape[0])
+    logits = model(prompt, cache=cache).logits
+    ids = prompt
+    for _ in range(n_new):
+        next_id = logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, next_id], dim=1)
+        logits = model(next_id, cache=cache).logits
+    return ids
+
+
+def _greedy_by_recomputation(model, prompt: Tensor, n_new: int) -> Tensor:
+    ids = prompt
+    with torch.inference_mode():
+        for _ in range(n_new):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids
+
+
+@exercise("01.generate_greedy", "Exercise 3 (greedy decoding with the cache)", generate_greedy)
+def _check_generate_greedy(fn) -> None:
+    model = tiny_model("llama", seed=2)
+    prompt = torch.tensor([[3, 14, 15, 9, 26]])
+    n_new = 8
+    want = _greedy_by_recomputation(model, prompt, n_new)
+    counter = CallCounter(model)
+    got = fn(counter, prompt, n_new)
+    if not isinstance(got, torch.Tensor) or got.dim() != 2:
+        raise Wrong("return the token ids as a [1, P + n_new] tensor (prompt included)")
+    if got.shape[1] != want.shape[1]:
+        raise Wrong(f"expected {want.shape[1]} ids (5 prompt + {n_new} new), got {got.shape[1]}: "
+                    "check the loop's range (off by one?) and that the prompt is included")
+    if not torch.equal(got[:, : prompt.shape[1]], prompt):
+        raise Wrong("the returned ids must start with the prompt")
+    if any(n > 1 for n in counter.calls[1:]):
+        raise Wrong("after the prompt, feed only the newest token: the cache already holds the rest "
+                    f"(your forward calls got {counter.calls} tokens)")
+    if not torch.equal(got, want):
+        first = int((got != want).nonzero()[0, 1])
+        raise Wrong(f"token {first} differs from greedy decoding without a cache: pass the same cache to every "
+                    "call, and pick argmax of the *last* position's logits")

@@ -1,0 +1,133 @@
+"""Figures for the notebooks: pure matplotlib functions that take numbers and return a Figure."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+__all__ = [
+    "cache_size_plot", "decode_cost_plot", "attention_heatmap", "sink_mass_plot", "nll_along_stream",
+    "bar_compare", "lines_plot",
+]
+
+GIB = 2**30
+
+
+def cache_size_plot(models: dict[str, int], contexts: Sequence[int], batches: Sequence[int] = (1, 8)) -> Figure:
+    """KV-cache size (GiB) vs context length for several models; ``models`` maps name -> bytes per token."""
+    fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4), squeeze=False)
+    for ax, batch in zip(axes[0], batches):
+        for name, per_token in models.items():
+            ax.plot(contexts, [per_token * t * batch / GIB for t in contexts], marker="o", ms=3, label=name)
+        ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="KV cache (GiB)",
+               title=f"batch {batch}")
+        ax.axhline(80, color="grey", ls=":", lw=1)
+        ax.text(contexts[0], 80 * 1.15, "80 GiB GPU", color="grey", fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def decode_cost_plot(costs: dict) -> Figure:
+    """Per-token time with and without a KV cache vs context (from ``decode_cost_vs_context``)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    ctx = costs["context"]
+    a.plot(ctx, np.array(costs["recompute"]) * 1e3, "o-", label="recompute (no cache)")
+    a.plot(ctx, np.array(costs["cached"]) * 1e3, "o-", label="KV cache")
+    a.set(xlabel="context length (tokens)", ylabel="ms per new token", title="cost of one more token")
+    a.legend()
+    ratio = np.array(costs["recompute"]) / np.array(costs["cached"])
+    b.plot(ctx, ratio, "o-", color="C2")
+    b.set(xlabel="context length (tokens)", ylabel="recompute / cached", title="speed-up of the cache")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def attention_heatmap(weights: torch.Tensor, tokens: Sequence[str] | None = None, title: str = "",
+                      ax: plt.Axes | None = None, max_tokens: int = 64) -> Figure:
+    """One attention map [T, S] (rows: queries), log-scaled so that small weights stay visible."""
+    w = weights[:max_tokens, :max_tokens].float().numpy()
+    fig = ax.figure if ax is not None else plt.figure(figsize=(5, 4.5))
+    ax = ax or fig.add_subplot()
+    im = ax.imshow(np.log10(w + 1e-6), cmap="magma", vmin=-4, vmax=0, interpolation="nearest")
+    ax.set(title=title, xlabel="key (attended token)", ylabel="query")
+    if tokens is not None and len(tokens) <= 32:
+        labels = [repr(t)[1:-1][:8] for t in tokens[: w.shape[0]]]
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+    fig.colorbar(im, ax=ax, fraction=0.046, label="log10 weight")
+    return fig
+
+
+def sink_mass_plot(mass: torch.Tensor, uniform: float | None = None, title: str = "") -> Figure:
+    """Attention mass on the first token(s): heat map [layers x heads] and the per-layer mean."""
+    m = mass.float().numpy()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1.3, 1]})
+    im = a.imshow(m.T, aspect="auto", cmap="viridis", vmin=0, vmax=1, origin="lower")
+    a.set(xlabel="layer", ylabel="head", title=title or "attention mass on the sink")
+    fig.colorbar(im, ax=a)
+    b.bar(range(len(m)), m.mean(1), color="C0")
+    if uniform is not None:
+        b.axhline(uniform, color="C3", ls="--", label=f"uniform attention ({uniform:.3f})")
+        b.legend()
+    b.set(xlabel="layer", ylabel="mean mass", ylim=(0, 1), title="per layer (mean over heads)")
+    fig.tight_layout()
+    return fig
+
+
+def nll_along_stream(curves: dict[str, np.ndarray], smooth: int = 32, marks: dict[str, int] | None = None,
+                     title: str = "", ylabel: str = "NLL (nats, running mean)") -> Figure:
+    """Per-token NLL along a stream for several settings, smoothed by a running mean."""
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for name, nll in curves.items():
+        nll = np.asarray(nll, dtype=float)
+        k = max(1, min(smooth, len(nll)))
+        run = np.convolve(nll, np.ones(k) / k, mode="valid")
+        ax.plot(np.arange(k - 1, k - 1 + len(run)), run, label=name, lw=1.3)
+    for label, x in (marks or {}).items():
+        ax.axvline(x, color="grey", ls="--", lw=1)
+        ax.text(x, ax.get_ylim()[1] * 0.95, f" {label}", color="grey", fontsize=8, va="top")
+    ax.set(xlabel="token position", ylabel=ylabel, title=title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def bar_compare(values: dict[str, float], reference: dict[str, float] | None = None, ylabel: str = "perplexity",
+                title: str = "", log: bool = True) -> Figure:
+    """Bars for our measurements, optionally beside published numbers."""
+    names = list(values)
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(names)), 3.8))
+    width = 0.4 if reference else 0.6
+    ax.bar(x - (width / 2 if reference else 0), [values[n] for n in names], width, label="measured here")
+    if reference:
+        ax.bar(x + width / 2, [reference.get(n, np.nan) for n in names], width, label="paper", color="C1")
+        ax.legend()
+    ax.set_xticks(x, names, rotation=20, ha="right")
+    ax.set(ylabel=ylabel, title=title, yscale="log" if log else "linear")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
+
+
+def lines_plot(x: Sequence[float], series: dict[str, Sequence[float]], xlabel: str, ylabel: str, title: str = "",
+               logy: bool = False, logx: bool = False) -> Figure:
+    """Several y series over one x axis."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, ys in series.items():
+        ax.plot(x, ys, "o-", label=name, ms=4)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title, yscale="log" if logy else "linear",
+           xscale="log" if logx else "linear")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

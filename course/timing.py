@@ -1,0 +1,74 @@
+"""Timing helpers: medians of alternating repetitions, measured side by side."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from course.models.base import CausalLM
+
+__all__ = ["median_seconds", "alternate", "decode_cost_vs_context"]
+
+
+def _sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], reps: int = 5, warmup: int = 1, device: torch.device | None = None) -> float:
+    """Median wall time of ``fn()`` over ``reps`` runs after ``warmup`` runs."""
+    return alternate({"fn": fn}, reps, warmup, device)["fn"]
+
+
+def alternate(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int = 1,
+              device: torch.device | None = None) -> dict[str, float]:
+    """Median seconds of several functions, run in alternation (A B A B ...) so that a noisy
+    machine slows them alike and their ratios stay meaningful."""
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"reps must be >= 1 and warmup >= 0, got {reps}, {warmup}")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+@torch.inference_mode()
+def decode_cost_vs_context(model: CausalLM, ids: torch.Tensor, contexts: list[int], reps: int = 5) -> dict:
+    """Seconds to produce one next token at each context length, with and without a KV cache.
+
+    cached: one decode step on a cache already holding ``T`` tokens;
+    recompute: one full forward over the ``T + 1`` tokens (what decoding without a cache does).
+    Returns {"context": [...], "cached": [...], "recompute": [...]} (seconds per token).
+    """
+    if max(contexts) + 1 > ids.shape[1]:
+        raise ValueError(f"ids has {ids.shape[1]} tokens; contexts up to {max(contexts)} need {max(contexts) + 1}")
+    out: dict[str, list] = {"context": [], "cached": [], "recompute": []}
+    dev = model.device
+    for t in contexts:
+        cache = model.new_cache(1)
+        model(ids[:, :t], cache=cache)
+        base_layers = [(layer.length) for layer in cache.layers]
+        nxt = ids[:, t : t + 1]
+
+        def cached_step() -> None:
+            model(nxt, cache=cache)
+            for layer, n in zip(cache.layers, base_layers):  # undo the step: keep the context at T
+                layer.length = n
+            cache.seen = t
+
+        med = alternate({"cached": cached_step, "recompute": lambda: model(ids[:, : t + 1])}, reps, 1, dev)
+        out["context"].append(t)
+        out["cached"].append(med["cached"])
+        out["recompute"].append(med["recompute"])
+    return out

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set up everything the course needs, in ./.venv (idempotent: safe to run again).
+#   TORCH_SPEC   which torch to install if none is there (default torch==2.13.0)
+#   TORCH_INDEX  optional package index for it, e.g. https://download.pytorch.org/whl/cpu
+#   PYTHON       interpreter for the venv (default python3, 3.10 or newer)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# shellcheck disable=SC1091
+. .venv/bin/activate
+if ! python -c "import torch" 2>/dev/null; then
+  echo "== installing ${TORCH_SPEC:-torch==2.13.0}"
+  if [ -n "${TORCH_INDEX:-}" ]; then
+    python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}" --index-url "$TORCH_INDEX"
+  else
+    python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+  fi
+fi
+echo "== installing the course package and its tools"
+python -m pip install -q -e ".[dev]"
+echo "== fetching the offline model and corpus (once)"
+python -m course fetch
+python -m course info
