@@ -165,13 +165,16 @@ class PinSinks(Policy):
     keeps 100 slots, 4 of them sinks. It also works as a plug-in for SnapKV and random eviction.
     """
 
-    def __init__(self, inner: Policy, n_sink: int = 4, positions: PositionRule | None = None) -> None:
+    def __init__(self, inner: Policy, n_sink: int = 4, positions: PositionRule | None = None, start: int = 0) -> None:
         self.inner = inner
         self.n_sink = _check_int("n_sink", n_sink, 0)
+        self.start = _check_int("start", start, 0)
         if inner.prompt_budget is not None and n_sink >= inner.prompt_budget:
             raise ValueError(f"n_sink must be smaller than the budget ({inner.prompt_budget}), got {n_sink}")
         self.budget = inner.budget
         self.position_rule = inner.position_rule if positions is None else _check_rule(positions)
+        if start and self.position_rule == "cache":
+            raise ValueError("pinning tokens other than the first (start > 0) needs positions='original'")
         self.is_static = inner.is_static
         self.name = f"{inner.name}+sinks"
 
@@ -180,7 +183,7 @@ class PinSinks(Policy):
         return self.inner.prompt_budget
 
     def pinned(self, k_pos: Tensor) -> Tensor:
-        return k_pos < self.n_sink
+        return (k_pos >= self.start) & (k_pos < self.start + self.n_sink)
 
     def scores(self, layer: LayerCache, seen: int) -> Tensor:
         s = self.inner.scores(layer, seen)
@@ -193,12 +196,21 @@ class PinSinks(Policy):
         self.inner.observe(layer, weights, seen)
 
     def visible(self, q_pos: Tensor, k_pos: Tensor, slots: int | None = None) -> Tensor:
-        recent = None if self.budget is None else self.budget - self.n_sink
-        return self.pinned(k_pos) | self.inner.visible(q_pos, k_pos, recent)
+        if self.budget is None:
+            return self.inner.visible(q_pos, k_pos)
+        # The static inner policy is a sliding window: the cache holds the pinned tokens that have
+        # arrived (p_q of them) and the budget - p_q most recent others. A key is visible if fewer
+        # than that many unpinned tokens came after it.
+        s, n = self.start, self.n_sink
+        p_q = (q_pos - s + 1).clamp(0, n)
+        pinned_after_k = (torch.minimum(q_pos, torch.full_like(q_pos, s + n - 1))
+                          - torch.maximum(k_pos + 1, torch.full_like(k_pos, s)) + 1).clamp(0, n)
+        return self.pinned(k_pos) | (q_pos - k_pos - pinned_after_k < self.budget - p_q)
 
     @property
     def label(self) -> str:
-        return f"{self.inner.label}+{self.n_sink} sinks"
+        where = f" at {self.start}" if self.start else ""
+        return f"{self.inner.label}+{self.n_sink} sinks{where}"
 
 
 class StreamingLLM(PinSinks):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course.policies import H2O, FullCache, SlidingWindow, StreamingLLM
+from course.policies import H2O, FullCache, PinSinks, SlidingWindow, StreamingLLM
 from course.streaming import decode_stream, evaluate_stream, exact_stream, recompute_stream
 
 from .conftest import tiny_model
@@ -13,6 +13,7 @@ from .conftest import tiny_model
 STATIC = [
     FullCache(), SlidingWindow(7), StreamingLLM(2, 6, positions="original"), StreamingLLM(4, 5, positions="original"),
     StreamingLLM(1, 9), StreamingLLM(3, 4), StreamingLLM(0, 8),
+    PinSinks(SlidingWindow(8), 2, start=5), PinSinks(SlidingWindow(6), 3, start=11),  # pinned in the middle
 ]
 
 

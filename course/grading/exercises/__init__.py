@@ -1,3 +1,4 @@
 """Every notebook's exercises: importing this package registers their checkers."""
 
 from course.grading.exercises import nb01  # noqa: F401
+from course.grading.exercises import nb02  # noqa: F401
