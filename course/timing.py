@@ -72,3 +72,37 @@ def decode_cost_vs_context(model: CausalLM, ids: torch.Tensor, contexts: list[in
         out["cached"].append(med["cached"])
         out["recompute"].append(med["recompute"])
     return out
+
+
+@torch.inference_mode()
+def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, window: int, reps: int = 5,
+                           steps: int = 1) -> dict:
+    """Per-token seconds of StreamingLLM decoding vs dense window recomputation, side by side.
+
+    streaming: a decode step on a full [n_sink | window] cache (one eviction in place per token);
+    recompute: a fresh forward over the last ``n_sink + window`` tokens (the paper's baseline).
+    ``ids`` needs at least n_sink + window + reps * steps + steps + 1 tokens.
+    """
+    from course.policies import StreamingLLM
+
+    budget = n_sink + window
+    need = budget + (reps + 2) * steps + 1
+    if ids.shape[1] < need:
+        raise ValueError(f"ids has {ids.shape[1]} tokens; this measurement needs {need}")
+    policy = StreamingLLM(n_sink, window, "cache" if model.config.family == "llama" else "original")
+    cache = model.new_cache(1, policy)
+    model(ids[:, :budget], cache=cache)
+    t = {"next": budget}
+
+    def stream() -> None:
+        for _ in range(steps):
+            model(ids[:, t["next"] : t["next"] + 1], cache=cache)
+            t["next"] += 1
+
+    def recompute() -> None:
+        for _ in range(steps):
+            model(ids[:, t["next"] - budget + 1 : t["next"] + 1])
+
+    med = alternate({"streaming": stream, "recompute": recompute}, reps, 1, model.device)
+    per_token = {k: v / steps for k, v in med.items()}
+    return {**per_token, "speedup": per_token["recompute"] / per_token["streaming"], "cache_tokens": budget}

@@ -1,0 +1,96 @@
+"""Notebook 03 (StreamingLLM): references and checkers."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from course.grading.core import Wrong, exercise
+from course.grading.exercises.fixtures import close
+from course.models.llama import rope
+
+
+# ----------------------------------------------------------------------------- 1. positions in the cache
+def cache_positions(original: Tensor) -> Tensor:
+    """StreamingLLM's position re-assignment: the rank of each slot's original position.
+
+    original: [S] original positions of the cached tokens, in slot order (a ring buffer is not
+    sorted). Returns [S]: 0 for the oldest cached token, ..., S-1 for the newest.
+    """
+    return original.argsort().argsort()
+
+
+@exercise("03.cache_positions", "Exercise 1 (positions inside the cache)", cache_positions)
+def _check_cache_positions(fn) -> None:
+    cases = [torch.tensor([0, 1, 2, 3, 20, 21, 14, 15, 16, 17, 18, 19]),  # sinks + ring buffer
+             torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([0, 9, 7, 8])]
+    for original in cases:
+        got = fn(original.clone())
+        want = cache_positions(original)
+        if close(got, want):
+            continue
+        if close(got, original):
+            raise Wrong("these are the original positions: StreamingLLM gives the cached tokens positions 0..n-1")
+        if close(got, torch.arange(len(original))):
+            raise Wrong("slot order is not token order (the recent part is a ring buffer): rank the slots by their "
+                        "original position")
+        if close(got, original.argsort()):
+            raise Wrong("argsort gives, for each rank, the slot that has it; you need the inverse: for each slot, "
+                        "its rank (argsort twice)")
+        raise Wrong(f"for original positions {original.tolist()} expected {want.tolist()}")
+
+
+# ----------------------------------------------------------------------------- 2. re-rotating cached keys
+def rerotate(k_rot: Tensor, old_pos: Tensor, new_pos: Tensor, theta: float = 10000.0) -> Tensor:
+    """Move keys that were cached *after* rotation to new positions: RoPE(new) = R(new - old) RoPE(old).
+
+    k_rot: [heads, N, d] keys rotated at old_pos [N]; returns them rotated at new_pos [N].
+    """
+    return rope(k_rot[None], (new_pos - old_pos)[None], theta)[0]
+
+
+@exercise("03.rerotate", "Exercise 2 (re-rotating cached keys)", rerotate)
+def _check_rerotate(fn) -> None:
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 6, 8, generator=g, dtype=torch.float64)  # [heads=1, N, d]
+    old = torch.tensor([0, 1, 50, 51, 52, 53])
+    new = torch.tensor([0, 1, 2, 3, 4, 5])
+    k_old = rope(k[None], old[None], 10000.0)[0]
+    want = rope(k[None], new[None], 10000.0)[0]
+    got = fn(k_old, old, new, 10000.0)
+    if close(got, want, 1e-6):
+        return
+    if close(got, rope(k_old[None], new[None], 10000.0)[0], 1e-6):
+        raise Wrong("the keys are already rotated by their old positions: rotate by the *difference* new - old")
+    if close(got, rope(k_old[None], (old - new)[None], 10000.0)[0], 1e-6):
+        raise Wrong("wrong direction: rotate by new - old, not old - new")
+    raise Wrong("RoPE rotations compose: rotating by a then by b is rotating by a + b; use course.models.llama.rope")
+
+
+# ----------------------------------------------------------------------------- 3. the ring buffer
+def rolling_slot(t: int, n_sink: int, window: int) -> int:
+    """Slot where token t is written in a preallocated [n_sink | window] cache.
+
+    The first n_sink + window tokens fill the slots in order; afterwards each new token overwrites
+    the oldest recent token, cycling through slots n_sink .. n_sink + window - 1. Sinks never move.
+    """
+    if t < n_sink + window:
+        return t
+    return n_sink + (t - n_sink) % window
+
+
+@exercise("03.rolling_slot", "Exercise 3 (a ring buffer that never moves the sinks)", rolling_slot)
+def _check_rolling_slot(fn) -> None:
+    for n_sink, window in ((4, 6), (1, 3), (0, 5), (2, 2)):
+        got = [fn(t, n_sink, window) for t in range(40)]
+        want = [rolling_slot(t, n_sink, window) for t in range(40)]
+        if got == want:
+            continue
+        if n_sink and any(s < n_sink for s in got[n_sink:]):
+            raise Wrong(f"a sink slot was overwritten (n_sink={n_sink}): recent tokens cycle through slots "
+                        f"{n_sink}..{n_sink + window - 1} only")
+        if any(s >= n_sink + window or s < 0 for s in got):
+            raise Wrong(f"slots run from 0 to n_sink + window - 1 = {n_sink + window - 1}")
+        first = next(t for t in range(40) if got[t] != want[t])
+        raise Wrong(f"token {first} should go to slot {want[first]} (n_sink={n_sink}, window={window}), "
+                    f"got {got[first]}: each new token must overwrite the *oldest* recent one")
