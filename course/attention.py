@@ -11,7 +11,7 @@ from torch import Tensor
 
 from course.models.base import CausalLM
 
-__all__ = ["attention_maps", "sink_mass", "sink_heads_share", "top_k_mass", "uniform_mass"]
+__all__ = ["attention_maps", "sink_mass", "sink_heads_share", "top_k_mass", "uniform_mass", "sink_kept"]
 
 
 @torch.inference_mode()
@@ -69,3 +69,11 @@ def top_k_mass(maps: list[Tensor], fractions: list[float], skip: int = 16) -> Te
             row.append(sorted_w.gather(-1, k.view(1, 1, t, 1).expand(*w.shape[:3], 1)).mean())
         out.append(torch.stack(row))
     return torch.stack(out)
+
+
+def sink_kept(cache, n_sink: int = 1) -> dict:
+    """Which (layer, KV head) still cache the first ``n_sink`` tokens: share over batch rows, [layers, H_kv].
+
+    Pass it as ``inspect=`` to ``course.streaming.decode_stream``."""
+    kept = torch.stack([(layer.live()[2] < n_sink).sum(-1).float().div(n_sink).mean(0) for layer in cache.layers])
+    return {"sink_kept": kept.cpu()}

@@ -235,18 +235,20 @@ class H2O(Policy):
 
     Every KV head accumulates the attention each cached key has received, averaged over the
     query heads of its GQA group. Raw sums favour old tokens (they were seen by more queries),
-    so the score is the *mean* attention per query that could see the key:
-    ``score = accumulated / (tokens seen since the key arrived)``. The ``recent`` newest
+    so by default the score is the *mean* attention per query that could see the key:
+    ``score = accumulated / (tokens seen since the key arrived)``; ``normalize=False`` gives the
+    original paper's raw sums. The ``recent`` newest
     tokens are kept before any heavy hitter; budget = heavy + recent slots per KV head.
     """
 
     name = "h2o"
 
-    def __init__(self, heavy: int, recent: int, positions: PositionRule = "original") -> None:
+    def __init__(self, heavy: int, recent: int, positions: PositionRule = "original", normalize: bool = True) -> None:
         self.heavy = _check_int("heavy", heavy, 0)
         self.recent = _check_int("recent", recent, 0)
         self.budget = _check_int("heavy + recent", heavy + recent, 1)
         self.position_rule = _check_rule(positions)
+        self.normalize = bool(normalize)
 
     def attention_rows(self, n_queries: int) -> int:
         return n_queries
@@ -257,13 +259,14 @@ class H2O(Policy):
 
     def scores(self, layer: LayerCache, seen: int) -> Tensor:
         pos = layer.positions[:, :, : layer.length]
-        queries_seen = (seen - pos).clamp(min=1).float()
-        s = layer.stat("attention") / queries_seen
+        s = layer.stat("attention")
+        if self.normalize:
+            s = s / (seen - pos).clamp(min=1).float()  # queries that could see each key
         return torch.where(pos >= seen - self.recent, PROTECTED + pos, s)
 
     @property
     def label(self) -> str:
-        return f"h2o({self.heavy}+{self.recent})"
+        return f"h2o({self.heavy}+{self.recent}{'' if self.normalize else ', raw sums'})"
 
 
 class SnapKV(Policy):
@@ -279,7 +282,7 @@ class SnapKV(Policy):
     name = "snapkv"
 
     def __init__(
-        self, capacity: int, obs_window: int = 16, kernel: int = 5, pooling: Literal["avg", "max"] = "avg",
+        self, capacity: int, obs_window: int = 8, kernel: int = 7, pooling: Literal["avg", "max"] = "max",
         positions: PositionRule = "original",
     ) -> None:
         self.capacity = _check_int("capacity", capacity, 2)

@@ -19,11 +19,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from course.kvcache import KVCache
 from course.models.base import CausalLM
 from course.policies import FullCache, Policy
 
@@ -102,8 +104,11 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 @torch.inference_mode()
-def decode_stream(model: CausalLM, ids: Tensor, policy: Policy | None = None, progress: bool = True) -> StreamResult:
-    """Decode ``ids`` ([B, T] or [T]) one token at a time through a cache managed by ``policy``."""
+def decode_stream(model: CausalLM, ids: Tensor, policy: Policy | None = None, progress: bool = True,
+                  inspect: Callable[[KVCache], dict] | None = None) -> StreamResult:
+    """Decode ``ids`` ([B, T] or [T]) one token at a time through a cache managed by ``policy``.
+
+    ``inspect(cache)``, if given, is called on the final cache; its dict goes to ``result.extra``."""
     ids = _check_ids(ids).to(model.device)
     policy = policy or FullCache()
     cache = model.new_cache(ids.shape[0], policy)
@@ -118,7 +123,8 @@ def decode_stream(model: CausalLM, ids: Tensor, policy: Policy | None = None, pr
             sizes.append(cache.nbytes)
             bar.update(1)
     _sync(ids.device)
-    return StreamResult(policy.label, nll.cpu(), sizes, time.perf_counter() - start, _fill_index(policy, n))
+    extra = inspect(cache) if inspect is not None else {}
+    return StreamResult(policy.label, nll.cpu(), sizes, time.perf_counter() - start, _fill_index(policy, n), extra)
 
 
 @torch.inference_mode()
@@ -198,15 +204,16 @@ def recompute_stream(
 
 
 def evaluate_stream(
-    model: CausalLM, ids: Tensor, policy: Policy | None = None, method: str = "auto", progress: bool = True
+    model: CausalLM, ids: Tensor, policy: Policy | None = None, method: str = "auto", progress: bool = True,
+    inspect: Callable[[KVCache], dict] | None = None,
 ) -> StreamResult:
     """Score a stream under a policy: ``exact`` for position-only policies, else ``decode``."""
     policy = policy or FullCache()
     if method not in ("auto", "exact", "decode"):
         raise ValueError(f"method must be 'auto', 'exact' or 'decode', got {method!r}")
-    if method == "exact" or (method == "auto" and policy.is_static):
+    if inspect is None and (method == "exact" or (method == "auto" and policy.is_static)):
         return exact_stream(model, ids, policy, progress=progress)
-    return decode_stream(model, ids, policy, progress=progress)
+    return decode_stream(model, ids, policy, progress=progress, inspect=inspect)
 
 
 def _sync(device: torch.device) -> None:

@@ -1,0 +1,117 @@
+"""Evaluations beyond perplexity: needle retrieval under a compressed cache, and budget sweeps.
+
+Needle in a haystack (a passkey): a five-digit key is hidden at a chosen depth of a stretch of
+Austen, and the prompt ends by asking for it, phrased so that the answer continues the text:
+
+    ... filler ... The secret passkey is 48213. Remember it: the passkey is 48213. ... filler ...
+    What is the secret passkey? The secret passkey is| 48213
+
+A 135M-parameter model answers this reliably with its full cache (measured: 100 % up to 1000
+tokens), so a failure under a policy is the policy's fault. The protocol is prompt compression,
+as in SnapKV and kvpress: the prompt (but its last token) runs with full attention, the cache
+is compressed to the budget, and then the last prompt token and the answer are decoded one token
+at a time through the compressed cache (policies that evict while decoding keep evicting).
+
+Scores: exact match (every answer token is the model's top choice, i.e. greedy decoding would
+produce the answer) and the answer's log-probability, which still moves when a small model's
+greedy answer is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from course.data import load_text
+from course.models.base import CausalLM
+from course.policies import Policy
+
+__all__ = ["NeedleTrial", "make_needle_trials", "score_needle", "needle_eval"]
+
+QUESTION = "\nWhat is the secret passkey? The secret passkey is"
+
+
+@dataclass
+class NeedleTrial:
+    """prompt: [1, P] token ids; answer: [A] ids; needle: (first, last + 1) token positions of the key sentence."""
+
+    prompt: Tensor
+    answer: Tensor
+    needle: tuple[int, int]
+    depth: float
+    key: str
+
+
+def make_needle_trials(
+    tokenizer, n_trials: int, context_tokens: int = 500, depth: float = 0.5, seed: int = 0,
+    book: str = "emma",
+) -> list[NeedleTrial]:
+    """``n_trials`` passkey prompts: ~``context_tokens`` of filler with the needle at ``depth`` (0..1)."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be between 0 and 1, got {depth}")
+    if n_trials < 1 or context_tokens < 16:
+        raise ValueError(f"n_trials must be >= 1 and context_tokens >= 16, got {n_trials}, {context_tokens}")
+    rng = random.Random(seed)
+    filler = tokenizer(load_text("austen", book), add_special_tokens=False).input_ids
+    if len(filler) < context_tokens + 10:
+        raise ValueError(f"the filler text has only {len(filler)} tokens, fewer than context_tokens={context_tokens}")
+    trials = []
+    for _ in range(n_trials):
+        key = str(rng.randint(10000, 99999))
+        start = rng.randint(0, len(filler) - context_tokens - 1)
+        hay = filler[start : start + context_tokens]
+        cut = int(round(depth * context_tokens))
+        before = tokenizer(tokenizer.decode(hay[:cut]), add_special_tokens=False).input_ids
+        needle = tokenizer(f" The secret passkey is {key}. Remember it: the passkey is {key}. ",
+                           add_special_tokens=False).input_ids
+        after = tokenizer(tokenizer.decode(hay[cut:]) + QUESTION, add_special_tokens=False).input_ids
+        answer = tokenizer(" " + key, add_special_tokens=False).input_ids
+        ids = before + needle + after
+        trials.append(NeedleTrial(torch.tensor([ids]), torch.tensor(answer), (len(before), len(before) + len(needle)),
+                                  depth, key))
+    return trials
+
+
+@torch.inference_mode()
+def score_needle(model: CausalLM, trial: NeedleTrial, policy: Policy | None = None) -> dict:
+    """Compress the prompt's cache with ``policy`` and score the answer. Returns exact (bool),
+    logprob (sum over answer tokens), needle_kept (share of the needle's tokens still cached, mean
+    over layers and KV heads, right after compression) and cache_slots."""
+    dev = model.device
+    prompt, answer = trial.prompt.to(dev), trial.answer.to(dev)
+    cache = model.new_cache(1, policy)
+    model(prompt[:, :-1], cache=cache)  # the context, with full attention
+    cache.compress()
+    lo, hi = trial.needle
+    kept = torch.stack([((layer.live()[2] >= lo) & (layer.live()[2] < hi)).float().sum(-1) / (hi - lo)
+                        for layer in cache.layers]).mean().item()
+    slots = cache.n_slots
+    feed = torch.cat([prompt[:, -1:], answer[None, :-1]], dim=1)
+    logps, exact = [], True
+    for i in range(feed.shape[1]):
+        lp = torch.log_softmax(model(feed[:, i : i + 1], cache=cache).logits[0, -1].float(), -1)
+        logps.append(lp[answer[i]].item())
+        exact = exact and int(lp.argmax()) == int(answer[i])
+    return {"exact": exact, "logprob": sum(logps), "needle_kept": kept, "cache_slots": slots}
+
+
+def needle_eval(model: CausalLM, trials: list[NeedleTrial], policy_for: callable, progress: bool = True) -> dict:
+    """Score every trial with a fresh policy from ``policy_for(trial)`` (policies hold state).
+
+    Returns accuracy, mean_answer_logprob, mean needle_kept and the per-trial rows."""
+    from tqdm.auto import tqdm
+
+    rows = [score_needle(model, t, policy_for(t)) for t in tqdm(trials, desc="needle", disable=not progress,
+                                                                  leave=False)]
+    n = len(rows)
+    return {
+        "accuracy": sum(r["exact"] for r in rows) / n,
+        "mean_answer_logprob": sum(r["logprob"] for r in rows) / n,
+        "needle_kept": sum(r["needle_kept"] for r in rows) / n,
+        "answer_prob": math.exp(sum(r["logprob"] for r in rows) / n),
+        "trials": rows,
+    }
