@@ -146,8 +146,41 @@ def _stream(args: argparse.Namespace) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- needle
+def _needle_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", choices=["auto", "gpt2", "smollm2-135m"])
+    p.add_argument("--policy", default="snapkv", choices=["full", "window", "streaming", "h2o", "snapkv", "random"])
+    p.add_argument("--budget", type=positive_int, nargs="+", default=[128], help="cache slots per KV head (several: a sweep)")
+    p.add_argument("--sinks", type=non_negative_int, default=0, help="pin the first tokens (streaming: 4 if 0)")
+    p.add_argument("--depth", type=float, default=0.3, help="where the needle sits, 0 (start) .. 1 (end)")
+    p.add_argument("--context", type=positive_int, default=500, help="filler tokens around the needle")
+    p.add_argument("--trials", type=positive_int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true")
+
+
+def _needle(args: argparse.Namespace) -> dict | list:
+    from course.evaluate import budget_sweep, make_needle_trials
+    from course.models import load_model
+
+    if not 0.0 <= args.depth <= 1.0:
+        raise ValueError(f"--depth must be between 0 and 1, got {args.depth}")
+    model, tok = load_model(args.model, args.device, verbose=not args.json)
+    trials = make_needle_trials(tok, args.trials, args.context, args.depth, args.seed)
+    rows = budget_sweep(model, trials, args.policy, args.budget, args.sinks, progress=not args.json)
+    for r in rows:
+        r.update(model=model.config.name, depth=args.depth, trials=args.trials, prompt_tokens=int(trials[0].prompt.shape[1]))
+        if not args.json:
+            print(f"{r['model']} {args.policy} budget {r['budget']} (prompt ~{r['prompt_tokens']} tokens, needle at "
+                  f"depth {args.depth}): accuracy {r['accuracy']:.2f}, mean answer log-prob "
+                  f"{r['mean_answer_logprob']:.2f}, needle tokens kept {r['needle_kept']:.2f}")
+    return rows[0] if len(rows) == 1 else rows
+
+
 COMMANDS: list[Command] = [
     Command("fetch", "download the offline model and corpus into the course cache", _fetch_args, _fetch),
     Command("info", "show device, versions, and which models and corpora are available", _info_args, _info),
     Command("stream", "perplexity of a long text streamed through a bounded KV cache", _stream_args, _stream),
+    Command("needle", "passkey retrieval after compressing the prompt's cache to a budget", _needle_args, _needle),
 ]

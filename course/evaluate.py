@@ -30,7 +30,7 @@ from course.data import load_text
 from course.models.base import CausalLM
 from course.policies import Policy
 
-__all__ = ["NeedleTrial", "make_needle_trials", "score_needle", "needle_eval"]
+__all__ = ["NeedleTrial", "make_needle_trials", "score_needle", "needle_eval", "budget_sweep"]
 
 QUESTION = "\nWhat is the secret passkey? The secret passkey is"
 
@@ -115,3 +115,16 @@ def needle_eval(model: CausalLM, trials: list[NeedleTrial], policy_for: callable
         "answer_prob": math.exp(sum(r["logprob"] for r in rows) / n),
         "trials": rows,
     }
+
+
+def budget_sweep(model: CausalLM, trials: list[NeedleTrial], policy: str, budgets: list[int], sinks: int = 0,
+                 progress: bool = True) -> list[dict]:
+    """Needle results of one policy (a ``make_policy`` name) at several budgets (slots per KV head)."""
+    from course.policies import make_policy
+
+    out = []
+    for b in budgets:
+        make_policy(policy, b, sinks=sinks)  # validate before spending time
+        r = needle_eval(model, trials, lambda t, b=b: make_policy(policy, b, sinks=sinks), progress)
+        out.append({"policy": policy, "budget": b, "sinks": sinks, **{k: v for k, v in r.items() if k != "trials"}})
+    return out

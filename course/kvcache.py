@@ -38,6 +38,13 @@ def cache_bytes_per_token(n_layers: int, kv_heads: int, head_dim: int, dtype_byt
     return 2 * n_layers * kv_heads * head_dim * dtype_bytes
 
 
+def _storage(shape: tuple[int, ...], fill: float, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """Cache storage: a plain tensor even when made under ``torch.inference_mode`` (so that the
+    cache can be updated in place later, inside or outside inference mode)."""
+    with torch.inference_mode(False), torch.no_grad():
+        return torch.full(shape, fill, dtype=dtype, device=device)
+
+
 @dataclass
 class SinkRotation:
     """How pinned sinks are rotated when many queries under the cache rule run at once.
@@ -77,8 +84,7 @@ class LayerCache:
     def stat(self, name: str) -> Tensor:
         """The per-slot statistic ``name`` ([B, H_kv, length], float32), created at zero."""
         if name not in self.stats:
-            b, h, cap = self.positions.shape
-            self.stats[name] = torch.zeros(b, h, cap, dtype=torch.float32, device=self.keys.device)
+            self.stats[name] = _storage(self.positions.shape, 0.0, torch.float32, self.keys.device)
         return self.stats[name][:, :, : self.length]
 
     def _reserve(self, needed: int) -> None:
@@ -88,7 +94,7 @@ class LayerCache:
         new_cap = max(needed, 2 * self.capacity, 16)
 
         def grow(t: Tensor, fill: float) -> Tensor:
-            out = torch.full((*t.shape[:2], new_cap, *t.shape[3:]), fill, dtype=t.dtype, device=t.device)
+            out = _storage((*t.shape[:2], new_cap, *t.shape[3:]), fill, t.dtype, t.device)
             out[:, :, : self.length] = t[:, :, : self.length]
             return out
 
@@ -96,6 +102,7 @@ class LayerCache:
         self.positions = grow(self.positions, -1)
         self.stats = {k: grow(v, 0.0) for k, v in self.stats.items()}
 
+    @torch.no_grad()
     def append(self, k: Tensor, v: Tensor, pos: Tensor) -> None:
         """Write T new tokens after the last slot. k, v: [B, H_kv, T, d]; pos: [B, T]."""
         t = k.shape[2]
@@ -108,6 +115,7 @@ class LayerCache:
             s[:, :, sl] = 0.0
         self.length += t
 
+    @torch.no_grad()
     def overwrite(self, slot: Tensor, k: Tensor, v: Tensor, pos: Tensor) -> None:
         """Write one new token into the given slot of every (batch, head), evicting its occupant.
 
@@ -120,6 +128,7 @@ class LayerCache:
         for s in self.stats.values():
             s.scatter_(2, slot[:, :, None], 0.0)
 
+    @torch.no_grad()
     def gather(self, index: Tensor) -> None:
         """Keep only the slots in ``index`` ([B, H_kv, K] long), in that order, in place."""
         k = index.shape[-1]
@@ -166,9 +175,9 @@ class KVCache:
         self.dtype = dtype
         self.layers = [
             LayerCache(
-                keys=torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype, device=device),
-                values=torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype, device=device),
-                positions=torch.full((batch, kv_heads, capacity), -1, dtype=torch.long, device=device),
+                keys=_storage((batch, kv_heads, capacity, head_dim), 0.0, dtype, device),
+                values=_storage((batch, kv_heads, capacity, head_dim), 0.0, dtype, device),
+                positions=_storage((batch, kv_heads, capacity), -1, torch.long, device),
             )
             for _ in range(n_layers)
         ]

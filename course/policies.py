@@ -359,7 +359,7 @@ POLICY_NAMES = ("full", "window", "streaming", "h2o", "snapkv", "random")
 
 def make_policy(
     name: str, budget: int | None = None, *, sinks: int = 0, recent: int | None = None,
-    obs_window: int = 16, kernel: int = 5, positions: PositionRule | None = None, seed: int = 0,
+    obs_window: int = 8, kernel: int = 7, positions: PositionRule | None = None, seed: int = 0,
 ) -> Policy:
     """Build a policy from a name and a total budget (slots per KV head), as the CLI does.
 

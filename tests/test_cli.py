@@ -53,3 +53,17 @@ def test_bad_values_exit_cleanly(capsys, tmp_path):
     assert "fewer than n_tokens" in capsys.readouterr().err
     assert main(["stream", "--book", "ulysses", "--tokens", "10"]) == 2
     assert "book must be one of" in capsys.readouterr().err
+
+
+def test_needle_json(capsys):
+    out = run_json(capsys, "needle", "--policy", "snapkv", "--budget", "128", "--trials", "2", "--context", "200")
+    for key in ("accuracy", "mean_answer_logprob", "budget", "policy"):
+        assert key in out
+    assert out["budget"] == 128 and out["policy"] == "snapkv" and 0.0 <= out["accuracy"] <= 1.0
+    sweep = run_json(capsys, "needle", "--policy", "streaming", "--budget", "16", "32", "--trials", "1", "--context", "100")
+    assert [r["budget"] for r in sweep] == [16, 32]
+
+
+def test_needle_bad_depth(capsys):
+    assert main(["needle", "--depth", "1.5"]) == 2
+    assert "--depth must be between 0 and 1" in capsys.readouterr().err
