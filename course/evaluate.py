@@ -30,7 +30,10 @@ from course.data import load_text
 from course.models.base import CausalLM
 from course.policies import Policy
 
-__all__ = ["NeedleTrial", "make_needle_trials", "score_needle", "needle_eval", "budget_sweep"]
+__all__ = [
+    "NeedleTrial", "make_needle_trials", "score_needle", "needle_eval", "budget_sweep", "decode_after_compression",
+    "continuation_nll",
+]
 
 QUESTION = "\nWhat is the secret passkey? The secret passkey is"
 
@@ -77,26 +80,53 @@ def make_needle_trials(
 
 
 @torch.inference_mode()
+def decode_after_compression(model: CausalLM, prompt: Tensor, continuation: Tensor, policy: Policy | None,
+                             inspect=None) -> tuple[Tensor, Tensor, dict]:
+    """The prompt-compression protocol, for any policy.
+
+    prompt [B, P], continuation [B, N]: the prompt but its last token runs with full attention,
+    the cache is compressed to the policy's budget, then the last prompt token and the
+    continuation are fed one token at a time (the policy keeps evicting if it does so while
+    decoding). Returns the log-probability of every continuation token [B, N], whether it was the
+    model's top choice [B, N], and ``inspect(cache)`` taken right after compression (or {}).
+    """
+    dev = model.device
+    prompt, continuation = prompt.to(dev), continuation.to(dev)
+    cache = model.new_cache(prompt.shape[0], policy)
+    model(prompt[:, :-1], cache=cache)
+    cache.compress()
+    info = inspect(cache) if inspect is not None else {}
+    feed = torch.cat([prompt[:, -1:], continuation[:, :-1]], dim=1)
+    logps, top = [], []
+    for i in range(feed.shape[1]):
+        lp = torch.log_softmax(model(feed[:, i : i + 1], cache=cache).logits[:, -1].float(), -1)
+        logps.append(lp.gather(-1, continuation[:, i : i + 1])[:, 0])
+        top.append(lp.argmax(-1) == continuation[:, i])
+    return torch.stack(logps, 1).cpu(), torch.stack(top, 1).cpu(), info
+
+
 def score_needle(model: CausalLM, trial: NeedleTrial, policy: Policy | None = None) -> dict:
     """Compress the prompt's cache with ``policy`` and score the answer. Returns exact (bool),
     logprob (sum over answer tokens), needle_kept (share of the needle's tokens still cached, mean
     over layers and KV heads, right after compression) and cache_slots."""
-    dev = model.device
-    prompt, answer = trial.prompt.to(dev), trial.answer.to(dev)
-    cache = model.new_cache(1, policy)
-    model(prompt[:, :-1], cache=cache)  # the context, with full attention
-    cache.compress()
     lo, hi = trial.needle
-    kept = torch.stack([((layer.live()[2] >= lo) & (layer.live()[2] < hi)).float().sum(-1) / (hi - lo)
-                        for layer in cache.layers]).mean().item()
-    slots = cache.n_slots
-    feed = torch.cat([prompt[:, -1:], answer[None, :-1]], dim=1)
-    logps, exact = [], True
-    for i in range(feed.shape[1]):
-        lp = torch.log_softmax(model(feed[:, i : i + 1], cache=cache).logits[0, -1].float(), -1)
-        logps.append(lp[answer[i]].item())
-        exact = exact and int(lp.argmax()) == int(answer[i])
-    return {"exact": exact, "logprob": sum(logps), "needle_kept": kept, "cache_slots": slots}
+
+    def needle_kept(cache) -> dict:
+        kept = torch.stack([((layer.live()[2] >= lo) & (layer.live()[2] < hi)).float().sum(-1) / (hi - lo)
+                            for layer in cache.layers]).mean().item()
+        return {"needle_kept": kept, "cache_slots": cache.n_slots}
+
+    logps, top, info = decode_after_compression(model, trial.prompt, trial.answer[None], policy, needle_kept)
+    return {"exact": bool(top.all()), "logprob": float(logps.sum()), **info}
+
+
+def continuation_nll(model: CausalLM, ids: Tensor, context: int, policy: Policy | None = None) -> Tensor:
+    """NLL [B, N] of the last N = T - context tokens of ``ids`` [B, T] after compressing the first
+    ``context`` tokens' cache with ``policy`` (the same protocol as the needle task)."""
+    if not 1 < context < ids.shape[1]:
+        raise ValueError(f"context must be between 2 and {ids.shape[1] - 1} (ids has {ids.shape[1]} tokens), got {context}")
+    logps, _, _ = decode_after_compression(model, ids[:, :context], ids[:, context:], policy)
+    return -logps
 
 
 def needle_eval(model: CausalLM, trials: list[NeedleTrial], policy_for: callable, progress: bool = True) -> dict:

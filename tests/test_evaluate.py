@@ -37,3 +37,19 @@ def test_score_needle_compresses_to_the_budget(smollm2):
     t = make_needle_trials(tok, 1, 200, depth=0.5, seed=3)[0]
     r = score_needle(model, t, SnapKV(48))
     assert r["cache_slots"] == 48 and 0.0 <= r["needle_kept"] <= 1.0 and r["logprob"] <= 0.0
+
+
+def test_continuation_nll_with_full_cache_equals_plain_forward():
+    from course.evaluate import continuation_nll
+
+    from .conftest import tiny_model
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, 97, (2, 30))
+    nll = continuation_nll(model, ids, 20, FullCache())
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids).logits[:, 19:-1].double(), -1)
+    ref = -lp.gather(-1, ids[:, 20:, None])[..., 0]
+    assert nll.shape == (2, 10) and torch.allclose(nll.double(), ref, atol=1e-6)
+    with pytest.raises(ValueError, match="context must be between"):
+        continuation_nll(model, ids, 30)

@@ -134,3 +134,34 @@ def test_empty_and_malformed_input(family):
         model(torch.zeros(1, 0, dtype=torch.long))
     with pytest.raises(ValueError, match=r"ids must be \[batch, tokens\]"):
         model(torch.zeros(5, dtype=torch.long))
+
+
+def test_fast_path_equals_reference_path(family):
+    """SDPA + preallocated in-place cache vs the explicit equation, token by token, with eviction."""
+    from course.models.attend import reference_mode
+    from course.policies import H2O, StreamingLLM
+
+    model = tiny_model(family)
+    ids = torch.randint(0, 97, (2, 40))
+    policies = [None, StreamingLLM(2, 10, positions="original"), H2O(6, 6)]
+    for policy in policies:
+        runs = []
+        for reference in (False, True):
+            cache = model.new_cache(2, policy.__class__(**vars_of(policy)) if policy is not None else None)
+            with torch.no_grad():
+                if reference:
+                    with reference_mode():
+                        runs.append(torch.cat([model(ids[:, t : t + 1], cache=cache).logits for t in range(40)], 1))
+                else:
+                    runs.append(torch.cat([model(ids[:, t : t + 1], cache=cache).logits for t in range(40)], 1))
+        assert torch.allclose(runs[0], runs[1], atol=1e-10), policy
+
+
+def vars_of(policy) -> dict:
+    from course.policies import H2O, StreamingLLM
+
+    if isinstance(policy, StreamingLLM):
+        return {"n_sink": policy.n_sink, "window": policy.window, "positions": policy.position_rule}
+    if isinstance(policy, H2O):
+        return {"heavy": policy.heavy, "recent": policy.recent}
+    raise TypeError(policy)

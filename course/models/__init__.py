@@ -141,8 +141,9 @@ def gpt2_available() -> tuple[bool, str]:
         return False, "not cached and the Hugging Face hub is not reachable"
 
 
-def load_hf_model(name: str, dtype: torch.dtype = torch.float32):
-    """The transformers model and tokenizer behind a course model name (for parity checks)."""
+def load_hf_model(name: str, dtype: torch.dtype = torch.float32, attn: str = "eager"):
+    """The transformers model and tokenizer behind a course model name (parity checks: ``attn="eager"``;
+    speed comparisons: ``attn="sdpa"``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from course import assets
@@ -162,7 +163,7 @@ def load_hf_model(name: str, dtype: torch.dtype = torch.float32):
         raise ValueError(f"model must be one of {', '.join(MODEL_NAMES)}; got {name!r}")
     try:
         tok = AutoTokenizer.from_pretrained(src)
-        hf = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation="eager")
+        hf = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation=attn)
     except OSError as e:
         hint = ("run `python -m course fetch` for the offline copy" if name == "smollm2-135m"
                 else "gpt2 comes from the Hugging Face hub only; offline, use model='smollm2-135m'")

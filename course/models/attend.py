@@ -16,6 +16,8 @@ head h uses KV head h // (H / H_kv). Neither path copies K/V to H heads.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Iterator
 
 from typing import TYPE_CHECKING
 
@@ -26,7 +28,22 @@ from torch import Tensor
 if TYPE_CHECKING:  # pragma: no cover
     from course.kvcache import KVCache
 
-__all__ = ["attend", "attend_cached", "attention_weights"]
+__all__ = ["attend", "attend_cached", "attention_weights", "reference_mode"]
+
+
+_REFERENCE = False
+
+
+@contextmanager
+def reference_mode() -> Iterator[None]:
+    """Inside ``with reference_mode():`` every attention takes the explicit path (the equation
+    written out), never the fused kernel: the documented reference that the fast path must match."""
+    global _REFERENCE
+    previous, _REFERENCE = _REFERENCE, True
+    try:
+        yield
+    finally:
+        _REFERENCE = previous
 
 
 def _split_groups(q: Tensor, kv_heads: int) -> Tensor:
@@ -81,7 +98,7 @@ def attend(
     s = k.shape[2]
     if causal:
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)[None, None]
-    if explicit or weight_rows >= t:
+    if explicit or _REFERENCE or weight_rows >= t:
         w = attention_weights(q, k, mask, scale, sink_logit)  # [B, H, T, S]
         out = (_split_groups(w.to(v.dtype), k.shape[1]) @ v[:, :, None]).reshape(b, h, t, -1)
         return out, (w[:, :, t - weight_rows :] if weight_rows else None)

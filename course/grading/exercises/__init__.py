@@ -5,3 +5,4 @@ from course.grading.exercises import nb02  # noqa: F401
 from course.grading.exercises import nb03  # noqa: F401
 from course.grading.exercises import nb04  # noqa: F401
 from course.grading.exercises import nb05  # noqa: F401
+from course.grading.exercises import nb06  # noqa: F401

@@ -1,0 +1,374 @@
+"""Pretraining tiny models, with and without a place for attention to rest.
+
+Where do attention sinks come from? We train small Llama-family models (RoPE) ourselves, on a
+task small enough for a CPU, in four variants:
+
+* ``vanilla``: sequences start directly with content;
+* ``sink-token``: a dedicated learnable start token is prepended to every sample (StreamingLLM
+  section 3.3's [SINK]); it is input only, never a prediction target;
+* ``sink-logit``: no start token, but every head has a learned logit for an empty slot that takes
+  part in the softmax (attention can go "nowhere");
+* ``off-by-one``: that logit fixed at 0, i.e. softmax with 1 added to its denominator.
+
+The task, Bigram-Backcopy (Guo et al. 2024, *Active-Dormant Attention Heads*): tokens follow a
+fixed random bigram chain, except that right after one of a few trigger tokens the next token
+copies the token before the trigger. Copying needs attention only at triggers; everywhere else a
+copy head has nothing to read — exactly the situation in which heads learn to park attention on
+a sink. ``task="text"`` trains on Austen (bytes) for the contrast: at CPU scale, natural text is
+too little to grow sinks.
+
+Runs are cached under ``<course cache>/runs/<name>-<hash>/`` (weights + JSON log): training again
+with the same configuration loads the stored run unless ``retrain=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from course.assets import cache_dir
+from course.models.base import ModelConfig
+from course.models.llama import Llama
+from course.policies import StreamingLLM
+from course.streaming import exact_stream
+
+__all__ = [
+    "TrainConfig", "TrainRun", "BigramBackcopy", "TextBytes", "PRESETS", "VARIANTS", "train", "sink_mass_of",
+    "window_losses", "copy_head_profile", "make_task", "prepend_sink", "lm_loss", "variant_config", "attention_on_sink",
+]
+
+Variant = Literal["vanilla", "sink-token", "sink-logit", "off-by-one"]
+VARIANTS = ("vanilla", "sink-token", "sink-logit", "off-by-one")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a run (its hash names the run's folder)."""
+
+    variant: Variant = "sink-token"
+    task: Literal["bigram-backcopy", "text"] = "bigram-backcopy"
+    steps: int = 2000
+    batch: int = 64
+    seq_len: int = 64  # content tokens per sample (the sink token comes on top)
+    lr: float = 1e-2
+    warmup: int = 100
+    schedule: Literal["constant", "cosine"] = "constant"
+    weight_decay: float = 0.1  # on weight matrices only
+    betas: tuple[float, float] = (0.9, 0.98)
+    clip: float = 1.0
+    n_layer: int = 3
+    n_head: int = 4
+    d_model: int = 64
+    d_ff: int = 176
+    seed: int = 0
+    log_every: int = 50
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {self.variant!r}")
+        if self.task not in ("bigram-backcopy", "text"):
+            raise ValueError(f"task must be 'bigram-backcopy' or 'text'; got {self.task!r}")
+        for name in ("steps", "batch", "seq_len", "n_layer", "n_head", "d_model", "d_ff", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seq_len < 8:
+            raise ValueError(f"seq_len must be >= 8, got {self.seq_len}")
+        if not 0 < self.lr < 1:
+            raise ValueError(f"lr must be in (0, 1), got {self.lr}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+
+    @property
+    def run_name(self) -> str:
+        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        return f"{self.task}-{self.variant}-seed{self.seed}-{digest}"
+
+
+PRESETS = {
+    "fast": {"steps": 1500},
+    "full": {"steps": 4000},
+}
+
+
+# ----------------------------------------------------------------------------- tasks
+class BigramBackcopy:
+    """Bigram-Backcopy sequences over ``vocab`` content tokens (ids 0..vocab-1).
+
+    Transition rows: Dirichlet(alpha) mixed with ``uniform`` of a uniform row. The triggers are
+    the most frequent tokens of the chain; after a trigger the next token copies the token
+    before the trigger. Fixed by ``seed``.
+    """
+
+    def __init__(self, vocab: int = 64, n_triggers: int = 3, alpha: float = 0.05, uniform: float = 0.02,
+                 seed: int = 1234) -> None:
+        self.vocab = vocab
+        dirichlet = torch.distributions.Dirichlet(torch.full((vocab,), alpha))
+        torch.manual_seed(seed)  # Dirichlet sampling uses the global generator
+        rows = dirichlet.sample((vocab,))
+        self.transition = (1 - uniform) * rows + uniform / vocab  # [V, V]
+        stationary = torch.full((vocab,), 1.0 / vocab)
+        for _ in range(200):  # power iteration: how often each token occurs in a long chain
+            stationary = stationary @ self.transition
+        self.triggers = stationary.topk(n_triggers).indices  # the most frequent tokens, as in Guo et al.
+        self.is_trigger = torch.zeros(vocab, dtype=torch.bool)
+        self.is_trigger[self.triggers] = True
+
+    def sample(self, batch: int, length: int, generator: torch.Generator) -> Tensor:
+        """[batch, length] content tokens."""
+        x = torch.empty(batch, length, dtype=torch.long)
+        non_trigger = (~self.is_trigger).float()
+        x[:, 0] = torch.multinomial(non_trigger.expand(batch, -1), 1, generator=generator)[:, 0]
+        for t in range(1, length):
+            nxt = torch.multinomial(self.transition[x[:, t - 1]], 1, generator=generator)[:, 0]
+            if t >= 2:
+                copy = self.is_trigger[x[:, t - 1]]
+                nxt = torch.where(copy, x[:, t - 2], nxt)
+            x[:, t] = nxt
+        return x
+
+    def copy_targets(self, x: Tensor) -> Tensor:
+        """[B, T] bool: positions whose token is a copy (the token before them is a trigger)."""
+        out = torch.zeros_like(x, dtype=torch.bool)
+        out[:, 2:] = self.is_trigger[x[:, 1:-1]]
+        return out
+
+
+class TextBytes:
+    """Austen as bytes (vocabulary 256): random windows of the novels."""
+
+    def __init__(self) -> None:
+        from course.data import load_text
+
+        self.data = torch.tensor(list(load_text("austen").encode("utf-8")), dtype=torch.uint8)
+        self.vocab = 256
+
+    def sample(self, batch: int, length: int, generator: torch.Generator) -> Tensor:
+        starts = torch.randint(0, len(self.data) - length - 1, (batch,), generator=generator)
+        return torch.stack([self.data[s : s + length] for s in starts.tolist()]).long()
+
+
+def make_task(name: str):
+    return BigramBackcopy() if name == "bigram-backcopy" else TextBytes()
+
+
+# ----------------------------------------------------------------------------- the pieces students write
+def prepend_sink(x: Tensor, sink_id: int) -> Tensor:
+    """Put the sink token in front of every sample: [B, T] -> [B, T + 1]."""
+    return torch.cat([torch.full_like(x[:, :1], sink_id), x], dim=1)
+
+
+def lm_loss(logits: Tensor, inputs: Tensor, n_prefix: int) -> Tensor:
+    """Next-token loss on the content only.
+
+    logits: [B, N, V] for inputs [B, N] whose first ``n_prefix`` tokens are a prefix (the sink
+    token) that is never a prediction target. Position i predicts token i + 1.
+    """
+    targets = inputs[:, max(n_prefix, 1) :]
+    preds = logits[:, max(n_prefix, 1) - 1 : -1]
+    return F.cross_entropy(preds.reshape(-1, preds.shape[-1]), targets.reshape(-1))
+
+
+# ----------------------------------------------------------------------------- model and run
+def model_config(cfg: TrainConfig, vocab: int) -> ModelConfig:
+    sink_logit = {"sink-logit": "learned", "off-by-one": "zero"}.get(cfg.variant, "none")
+    return ModelConfig(
+        family="llama", vocab_size=vocab + 1, n_layer=cfg.n_layer, n_head=cfg.n_head, n_kv_head=cfg.n_head,
+        d_model=cfg.d_model, head_dim=cfg.d_model // cfg.n_head, d_ff=cfg.d_ff, max_positions=4 * (cfg.seq_len + 1),
+        rope_theta=10000.0, tie_embeddings=True, sink_logit=sink_logit, name=f"tiny-{cfg.variant}",
+    )
+
+
+@dataclass
+class TrainRun:
+    """A trained model, its configuration and its log (one dict per logged step)."""
+
+    config: TrainConfig
+    model: Llama
+    log: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    path: Path | None = None
+    loaded: bool = False
+
+    @property
+    def n_prefix(self) -> int:
+        return 1 if self.config.variant == "sink-token" else 0
+
+    @property
+    def sink_id(self) -> int:
+        return self.model.config.vocab_size - 1
+
+    def inputs(self, x: Tensor) -> Tensor:
+        """Model inputs for content tokens x [B, T]: the sink token prepended for that variant."""
+        return prepend_sink(x, self.sink_id) if self.n_prefix else x
+
+
+def init_weights(model: Llama, n_layer: int) -> None:
+    """GPT-2-style initialisation: N(0, 0.02) everywhere, output projections scaled by 1/sqrt(2 L)."""
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("attn.o.weight", "mlp.down.weight")) else 0.02
+            torch.nn.init.normal_(p, 0.0, std)
+
+
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2 and "emb" not in n]
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and not (p.dim() >= 2 and "emb" not in n)]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def _lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    if cfg.schedule == "cosine":
+        progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return cfg.lr
+
+
+def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool = True, retrain: bool = False,
+          save: bool = True) -> TrainRun:
+    """Train (or load the stored run of) ``cfg``. Logs loss and sink mass every ``log_every`` steps."""
+    from tqdm.auto import tqdm
+
+    path = cache_dir() / "runs" / cfg.run_name
+    task = make_task(cfg.task)
+    if not retrain and (path / "model.pt").is_file() and (path / "log.json").is_file():
+        model = Llama(model_config(cfg, task.vocab))
+        model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
+        info = json.loads((path / "log.json").read_text())
+        return TrainRun(cfg, model.to(device).eval(), info["log"], info["seconds"], path, loaded=True)
+
+    torch.manual_seed(cfg.seed)
+    model = Llama(model_config(cfg, task.vocab))
+    init_weights(model, cfg.n_layer)
+    model.to(device)
+    run = TrainRun(cfg, model, path=path)
+    opt = _optimizer(model, cfg)
+    g = torch.Generator().manual_seed(cfg.seed)
+    probe = task.sample(32, cfg.seq_len, torch.Generator().manual_seed(10_000 + cfg.seed)).to(device)
+    start = time.perf_counter()
+    bar = tqdm(range(cfg.steps), desc=f"train {cfg.variant}", disable=not progress, leave=False)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        x = run.inputs(task.sample(cfg.batch, cfg.seq_len, g).to(device))
+        model.train()
+        loss = lm_loss(model(x).logits, x, run.n_prefix)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        opt.step()
+        if step % cfg.log_every == 0 or step == cfg.steps - 1:
+            model.eval()
+            mass = sink_mass_of(run, probe)
+            run.log.append({"step": step, "loss": round(loss.item(), 4), "sink_mass": round(mass, 4),
+                            "seconds": round(time.perf_counter() - start, 1)})
+            bar.set_postfix(loss=f"{loss.item():.3f}", sink=f"{mass:.2f}")
+    run.seconds = time.perf_counter() - start
+    model.eval()
+    if save:
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / "model.pt.part"
+        torch.save(model.state_dict(), tmp)
+        tmp.rename(path / "model.pt")
+        (path / "log.json").write_text(json.dumps({"config": asdict(cfg), "log": run.log, "seconds": run.seconds}))
+    return run
+
+
+# ----------------------------------------------------------------------------- measurements
+@torch.inference_mode()
+def attention_on_sink(run: TrainRun, x: Tensor, skip: int = 4) -> Tensor:
+    """Attention share each (layer, head) gives to its resting place: [layers, heads].
+
+    For the sink-logit variants, the share of the empty slot (1 - the weights on real keys);
+    otherwise the weight on position 0 (the sink token, or the first content token). Queries
+    before ``skip`` are left out."""
+    out = run.model(run.inputs(x), output_attentions=True)
+    rows = []
+    for w in out.attentions:  # [B, H, N, N]
+        w = w[:, :, skip:]
+        share = 1 - w.sum(-1) if run.model.config.sink_logit != "none" else w[..., 0]
+        rows.append(share.mean(dim=(0, 2)))
+    return torch.stack(rows)
+
+
+def sink_mass_of(run: TrainRun, x: Tensor) -> float:
+    """Mean over layers and heads of ``attention_on_sink``."""
+    return float(attention_on_sink(run, x).mean())
+
+
+@torch.inference_mode()
+def window_losses(run: TrainRun, x: Tensor, windows: list[int], sinks: list[int]) -> dict:
+    """Held-out loss (nats per content token) with a rolling cache of ``k`` kept first slots +
+    ``W`` recent tokens (positions inside the cache), for every W and k; and with full attention.
+
+    x: [B, T] content tokens. The kept first slots are the first tokens of the model's input:
+    the sink token (then content) for the sink-token variant, content otherwise.
+    Returns {"full": loss, "windows": {W: {k: loss}}}.
+    """
+    inputs = run.inputs(x)
+    n_prefix = run.n_prefix
+    full = lm_loss(run.model(inputs).logits, inputs, n_prefix).item()
+    table: dict[int, dict[int, float]] = {}
+    for w in windows:
+        table[w] = {}
+        for k in sinks:
+            r = exact_stream(run.model, inputs, StreamingLLM(k, w), progress=False)
+            table[w][k] = r.nll[:, max(n_prefix, 1) - 1 :].mean().item()
+    return {"full": full, "windows": table}
+
+
+@torch.inference_mode()
+def copy_head_profile(run: TrainRun, x: Tensor) -> dict:
+    """Find the copy head and how it behaves (Bigram-Backcopy only).
+
+    For every (layer, head): ``active`` = mean attention, at queries whose next token is a copy,
+    on the token to copy (two back); ``dormant`` = mean attention on the resting place at the
+    other queries. Returns both as [layers, heads] and the (layer, head) with the highest active score.
+    """
+    task = make_task(run.config.task)
+    if not isinstance(task, BigramBackcopy):
+        raise ValueError("copy_head_profile needs the bigram-backcopy task")
+    out = run.model(run.inputs(x), output_attentions=True)
+    n_prefix = run.n_prefix
+    is_copy = task.copy_targets(x.cpu())  # [B, T] over content positions
+    # query at input position q predicts content token q + 1 - n_prefix; copy source is content q - 1
+    active_rows, dormant_rows = [], []
+    for w in out.attentions:
+        w = w.cpu()
+        b_idx, t_idx = is_copy[:, 2:].nonzero(as_tuple=True)
+        t_idx = t_idx + 2  # content position of the copied token
+        q = t_idx - 1 + n_prefix  # the query that predicts it
+        src = t_idx - 2 + n_prefix  # the token it copies
+        active = w[b_idx, :, q, src].mean(0)  # [H]
+        rest = ~is_copy.clone()
+        rest[:, :4] = False
+        rb, rt = rest[:, : x.shape[1] - 1].nonzero(as_tuple=True)
+        rq = rt - 1 + n_prefix
+        rq = rq.clamp(min=0)
+        if run.model.config.sink_logit != "none":
+            dormant = (1 - w[rb, :, rq].sum(-1)).mean(0)
+        else:
+            dormant = w[rb, :, rq, 0].mean(0)
+        active_rows.append(active)
+        dormant_rows.append(dormant)
+    active, dormant = torch.stack(active_rows), torch.stack(dormant_rows)
+    best = divmod(int(active.argmax()), active.shape[1])
+    return {"active": active, "dormant": dormant, "copy_head": best}
+
+
+def variant_config(variant: str, preset: str = "fast", **overrides) -> TrainConfig:
+    """The configuration the CLI and notebook 06 use for a variant and preset."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {preset!r}")
+    return replace(TrainConfig(variant=variant), **{**PRESETS[preset], **overrides})

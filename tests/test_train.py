@@ -1,0 +1,77 @@
+"""Tiny-model pretraining: the task, the loss masking, cached runs, the variants and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from course.__main__ import main
+from course.train import (BigramBackcopy, TrainConfig, attention_on_sink, lm_loss, prepend_sink, train,
+                          variant_config, window_losses)
+
+
+def test_bigram_backcopy_copies_after_triggers():
+    task = BigramBackcopy(seed=3)
+    x = task.sample(32, 50, torch.Generator().manual_seed(0))
+    assert x.shape == (32, 50) and int(x.max()) < task.vocab
+    copy = task.copy_targets(x)
+    assert copy.any()
+    b, t = copy.nonzero(as_tuple=True)
+    assert torch.equal(x[b, t], x[b, t - 2])  # the token after a trigger repeats the one before it
+    assert not task.is_trigger[x[:, 0]].any()
+    again = task.sample(32, 50, torch.Generator().manual_seed(0))
+    assert torch.equal(x, again)
+
+
+def test_sink_is_prepended_and_never_a_target():
+    x = torch.tensor([[3, 4, 5]])
+    inputs = prepend_sink(x, 9)
+    assert inputs.tolist() == [[9, 3, 4, 5]]
+    logits = torch.zeros(1, 4, 10)
+    logits[0, 0, 3] = logits[0, 1, 4] = logits[0, 2, 5] = 50.0  # predicts every content token
+    logits[0, 3, 9] = 50.0  # would predict the sink after the last token: never scored
+    assert lm_loss(logits, inputs, n_prefix=1).item() < 1e-6
+    assert lm_loss(logits, inputs, n_prefix=0).item() < 1e-6
+
+
+def test_training_learns_and_runs_are_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    cfg = variant_config("sink-token", steps=40, log_every=10)
+    run = train(cfg, progress=False)
+    assert run.log[0]["loss"] > run.log[-1]["loss"] and run.log[0]["loss"] == pytest.approx(math.log(65), abs=0.3)
+    assert (run.path / "model.pt").is_file() and json.loads((run.path / "log.json").read_text())["log"] == run.log
+    again = train(cfg, progress=False)
+    assert again.loaded and all(torch.equal(a, b) for a, b in zip(run.model.state_dict().values(),
+                                                                  again.model.state_dict().values()))
+
+
+@pytest.mark.parametrize("variant", ["vanilla", "sink-logit", "off-by-one"])
+def test_variants_train_and_measure(tmp_path, monkeypatch, variant):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    run = train(variant_config(variant, steps=10, log_every=5), progress=False)
+    x = BigramBackcopy().sample(4, 64, torch.Generator().manual_seed(1))
+    mass = attention_on_sink(run, x)
+    assert mass.shape == (3, 4) and bool(((mass >= 0) & (mass <= 1)).all())
+    losses = window_losses(run, x, [4], [0, 1])
+    assert set(losses["windows"][4]) == {0, 1} and losses["full"] > 0
+    if variant == "off-by-one":
+        assert not any(p.requires_grad for n, p in run.model.named_parameters() if "sink_logit" in n)
+
+
+@pytest.mark.parametrize("bad", [dict(variant="sinks"), dict(task="music"), dict(steps=0), dict(seq_len=4),
+                                 dict(lr=2.0), dict(d_model=30)])
+def test_bad_training_configs(bad):
+    with pytest.raises(ValueError, match="must be"):
+        TrainConfig(**bad)
+
+
+def test_train_cli_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    assert main(["train", "--variant", "sink-logit", "--steps", "12", "--windows", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("variant", "steps", "seconds", "final_loss", "sink_mass", "full_loss", "window_loss"):
+        assert key in out
+    assert set(out["window_loss"]["W=4"]) == {"0", "1", "2", "4"} and out["steps"] == 12
