@@ -131,3 +131,67 @@ def lines_plot(x: Sequence[float], series: dict[str, Sequence[float]], xlabel: s
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# --- figures for the interactive explorers
+
+__all__ += ["kept_tokens_figure"]
+
+KEPT_COLOUR, EVICTED_COLOUR = "#b7e4c7", "#f5c6c6"  # cached / evicted tokens, also in course.widgets
+
+
+def _token_layout(tokens: Sequence[str], cols: int) -> list[tuple[int, int, int, str]]:
+    """Place tokens as running text in lines of ``cols`` characters.
+
+    Returns one (token index, column, line, text) per piece; a newline inside a token shows as
+    "↵" and ends the line, and a token that does not fit on the current line starts the next.
+    """
+    if cols < 8:
+        raise ValueError(f"cols must be >= 8, got {cols}")
+    pieces, x, y = [], 0, 0
+    for i, tok in enumerate(tokens):
+        parts = tok.replace("\t", " ").split("\n")
+        for j, part in enumerate(parts):
+            text = part + ("↵" if j < len(parts) - 1 else "")
+            if x > 0 and x + len(text) > cols:
+                x, y = 0, y + 1
+            if text:
+                pieces.append((i, x, y, text))
+                x += len(text)
+            if j < len(parts) - 1:
+                x, y = 0, y + 1
+    return pieces
+
+
+def kept_tokens_figure(tokens: Sequence[str], kept: Sequence[bool | None], title: str = "",
+                       cols: int = 96, fontsize: float = 9.0) -> Figure:
+    """The text with every token coloured by what the cache did with it.
+
+    ``kept[i]``: True (still cached, green), False (evicted, red) or None (never cached, e.g. the
+    last token of a stream, which is only predicted: no colour). Same length as ``tokens``.
+    """
+    if len(kept) != len(tokens):
+        raise ValueError(f"kept must have one entry per token ({len(tokens)}), got {len(kept)}")
+    pieces = _token_layout(tokens, cols)
+    lines = 1 + max((y for _, _, y, _ in pieces), default=0)
+    char_w, line_h = 0.602 * fontsize / 72, 1.6 * fontsize / 72  # inches (DejaVu Sans Mono advance)
+    margin, head = 0.15, 0.75  # inches; the head holds the title and the legend
+    width, height = cols * char_w, lines * line_h
+    fig = plt.figure(figsize=(width + 2 * margin, height + head + margin))
+    ax = fig.add_axes((margin / fig.get_figwidth(), margin / fig.get_figheight(),
+                       width / fig.get_figwidth(), height / fig.get_figheight()))
+    ax.set(xlim=(0, cols), ylim=(lines, 0))
+    ax.axis("off")
+    colour = {True: KEPT_COLOUR, False: EVICTED_COLOUR}
+    for i, x, y, text in pieces:
+        if kept[i] is not None:
+            ax.add_patch(plt.Rectangle((x, y + 0.08), len(text), 0.84, color=colour[bool(kept[i])], lw=0))
+        ax.text(x, y + 0.5, text, family="DejaVu Sans Mono", fontsize=fontsize, va="center", ha="left",
+                color="black" if kept[i] is not False else "#777777")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=KEPT_COLOUR), plt.Rectangle((0, 0), 1, 1, color=EVICTED_COLOUR)]
+    n_kept, n_evicted = sum(k is True for k in kept), sum(k is False for k in kept)
+    left, top = margin / fig.get_figwidth(), 1 - 0.1 / fig.get_figheight()
+    fig.text(left, top, title, ha="left", va="top", fontsize=10)
+    fig.legend(handles, [f"cached ({n_kept})", f"evicted ({n_evicted})"], loc="upper left", ncol=2, fontsize=8,
+               frameon=False, bbox_to_anchor=(left, 1 - 0.32 / fig.get_figheight()), borderaxespad=0)
+    return fig

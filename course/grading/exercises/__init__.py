@@ -6,3 +6,4 @@ from course.grading.exercises import nb03  # noqa: F401
 from course.grading.exercises import nb04  # noqa: F401
 from course.grading.exercises import nb05  # noqa: F401
 from course.grading.exercises import nb06  # noqa: F401
+from course.grading.exercises import nb07  # noqa: F401
