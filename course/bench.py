@@ -44,7 +44,7 @@ def bench_vs_transformers(model: CausalLM, hf, ids: torch.Tensor, context: int, 
     dev = model.device
     cache = model.new_cache(1)
     model(ids[:, :context], cache=cache)
-    past = hf(ids[:, :context], use_cache=True).past_key_values
+    past = hf(ids[:, :context], use_cache=True).cache  # transformers >= 5.24 calls it `cache`
     state = {"ours": context, "hf": context}
 
     def ours() -> None:
@@ -57,7 +57,7 @@ def bench_vs_transformers(model: CausalLM, hf, ids: torch.Tensor, context: int, 
         nonlocal past
         for _ in range(steps):
             t = state["hf"]
-            past = hf(ids[:, t : t + 1], past_key_values=past, use_cache=True).past_key_values
+            past = hf(ids[:, t : t + 1], cache=past, use_cache=True).cache
             state["hf"] += 1
 
     med = alternate({"course": ours, "transformers": theirs}, reps, 1, dev)
@@ -112,9 +112,10 @@ def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budge
             "full": t, "window": min(t, budget), "streaming": min(t, budget), "h2o": min(t, budget),
             "snapkv": t if t <= prompt else budget + (t - prompt),
         }
-        fns, caches = {}, {}
+        fns, sizes = {}, {}
         for name, make in policies.items():
-            caches[name] = cache = _fill(model, make(), occupancy[name], t)
+            cache = _fill(model, make(), occupancy[name], t)
+            sizes[name] = cache.nbytes  # before the timed steps add their tokens
             tok = ids[:, :1]
 
             def step(cache=cache, tok=tok) -> None:
@@ -126,7 +127,7 @@ def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budge
         for name in policies:
             rows[name]["tokens"].append(t)
             rows[name]["ms_per_token"].append(1e3 * med[name] / steps)
-            rows[name]["cache_bytes"].append(caches[name].nbytes)
+            rows[name]["cache_bytes"].append(sizes[name])
     last = {name: r["ms_per_token"][-1] for name, r in rows.items()}
     return {"budget": budget, "per_policy": rows,
             "h2o_over_streaming": last["h2o"] / last["streaming"],
