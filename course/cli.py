@@ -178,9 +178,137 @@ def _needle(args: argparse.Namespace) -> dict | list:
     return rows[0] if len(rows) == 1 else rows
 
 
+# ----------------------------------------------------------------------------- train
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--variant", default="sink-token", choices=["vanilla", "sink-token", "sink-logit", "off-by-one"])
+    p.add_argument("--task", default="bigram-backcopy", choices=["bigram-backcopy", "text"])
+    p.add_argument("--preset", default="fast", choices=["fast", "full"])
+    p.add_argument("--steps", type=positive_int, default=None, help="override the preset's number of steps")
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--windows", type=positive_int, nargs="+", default=[2, 8, 16], help="recent windows to evaluate")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--retrain", action="store_true", help="train even if this run is stored in the cache")
+    p.add_argument("--json", action="store_true")
+
+
+def _train(args: argparse.Namespace) -> dict:
+    import torch
+
+    from course.models import resolve_device
+    from course.train import make_task, sink_mass_of, train, variant_config, window_losses
+
+    overrides = {"task": args.task, "seed": args.seed}
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    cfg = variant_config(args.variant, args.preset, **overrides)
+    dev = resolve_device(args.device)
+    run = train(cfg, dev, progress=not args.json, retrain=args.retrain)
+    held_out = make_task(cfg.task).sample(64, cfg.seq_len, torch.Generator().manual_seed(99_999)).to(dev)
+    losses = window_losses(run, held_out, args.windows, [0, 1, 2, 4])
+    out = {
+        "variant": cfg.variant, "task": cfg.task, "preset": args.preset, "seed": cfg.seed, "steps": cfg.steps,
+        "seconds": round(run.seconds, 1), "loaded_from_cache": run.loaded, "final_loss": run.log[-1]["loss"],
+        "sink_mass": sink_mass_of(run, held_out), "full_loss": losses["full"],
+        "window_loss": {f"W={w}": {str(k): v for k, v in row.items()} for w, row in losses["windows"].items()},
+        "run_dir": str(run.path),
+    }
+    if not args.json:
+        where = "the sink logit" if cfg.variant in ("sink-logit", "off-by-one") else "position 0"
+        print(f"{cfg.variant} on {cfg.task}: {cfg.steps} steps in {out['seconds']} s"
+              f"{' (loaded from the cache)' if run.loaded else ''}; final training loss {out['final_loss']:.3f}")
+        print(f"attention on {where}: {out['sink_mass']:.3f};  held-out loss, full attention: {losses['full']:.4f}")
+        for w, row in losses["windows"].items():
+            print(f"  window {w:3d}: " + "  ".join(f"{k} kept: {v:.4f}" for k, v in row.items()))
+    return out
+
+
+# ----------------------------------------------------------------------------- bench
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", choices=["gpt2", "smollm2-135m"])
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes on a laptop CPU)")
+    p.add_argument("--out", default="bench-results", help="folder for the tables and plots (without --json)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with every ratio instead")
+
+
+def _bench(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.bench import markdown_tables, run_bench, save_report
+
+    result = run_bench(args.model, args.device, args.quick, progress=not args.json)
+    if not args.json:
+        paths = save_report(result, Path(args.out))
+        print(markdown_tables(result))
+        print("Saved: " + ", ".join(str(p) for p in paths))
+    return result
+
+
+# ----------------------------------------------------------------------------- release
+def _release_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--notebooks", default="notebooks", help="folder of the solution notebooks (default: ./notebooks)")
+    p.add_argument("--out", default=None, help="folder for the student copies (default: <notebooks>/student)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit with an error listing the student copies that are not up to date")
+    p.add_argument("--json", action="store_true")
+
+
+def _release(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.grading.release import check_release, release
+
+    solutions = Path(args.notebooks)
+    students = Path(args.out) if args.out else solutions / "student"
+    if args.check:
+        problems = check_release(solutions, students)
+        if problems:
+            listing = "\n".join(f"  {d.path} ({d.problem})" for d in problems)
+            raise RuntimeError(f"the student copies are not up to date; run `python -m course release`:\n{listing}")
+        if not args.json:
+            print(f"the student copies in {students} are up to date")
+        return {"student_dir": str(students), "up_to_date": True}
+    written = release(solutions, students)
+    if not args.json:
+        for path in written:
+            print(f"wrote {path}")
+    return {"student_dir": str(students), "written": [str(p) for p in written]}
+
+
+# ----------------------------------------------------------------------------- grade
+def _grade_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="submitted notebooks, or folders searched recursively for *.ipynb; the student is the "
+                        "file name's prefix before '__' (alice__01_kv_cache.ipynb), else the folder's name")
+    p.add_argument("--timeout", type=positive_int, default=300, help="seconds each cell may run (default 300)")
+    p.add_argument("--total-timeout", type=positive_int, default=None,
+                   help="seconds a whole notebook may run (default: 6 x --timeout)")
+    p.add_argument("--out", default="gradebook",
+                   help="folder for gradebook.csv and gradebook.json (default: ./gradebook)")
+    p.add_argument("--json", action="store_true")
+
+
+def _grade(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.grading.grade import format_gradebook, grade, totals, write_gradebook
+
+    rows = grade(args.paths, args.timeout, args.total_timeout, progress=not args.json)
+    csv_path, json_path = write_gradebook(rows, Path(args.out))
+    if not args.json:
+        print(format_gradebook(rows))
+        print(f"wrote {csv_path} and {json_path}")
+    return {"rows": rows, "totals": totals(rows), "gradebook": [str(csv_path), str(json_path)]}
+
+
 COMMANDS: list[Command] = [
     Command("fetch", "download the offline model and corpus into the course cache", _fetch_args, _fetch),
     Command("info", "show device, versions, and which models and corpora are available", _info_args, _info),
     Command("stream", "perplexity of a long text streamed through a bounded KV cache", _stream_args, _stream),
     Command("needle", "passkey retrieval after compressing the prompt's cache to a budget", _needle_args, _needle),
+    Command("train", "pretrain a tiny model with or without a sink token / sink logit", _train_args, _train),
+    Command("bench", "speed and memory: ratios measured side by side in one run", _bench_args, _bench),
+    Command("release", "write the student copies of the notebooks (exercise solutions removed)", _release_args,
+            _release),
+    Command("grade", "autograde submitted notebooks into a gradebook (CSV and JSON)", _grade_args, _grade),
 ]

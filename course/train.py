@@ -1,7 +1,7 @@
 """Pretraining tiny models, with and without a place for attention to rest.
 
-Where do attention sinks come from? We train small Llama-family models (RoPE) ourselves, on a
-task small enough for a CPU, in four variants:
+Where do attention sinks come from? We train small models of the course's own families ourselves,
+on a task small enough for a CPU, in four variants:
 
 * ``vanilla``: sequences start directly with content;
 * ``sink-token``: a dedicated learnable start token is prepended to every sample (StreamingLLM
@@ -36,8 +36,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from course.assets import cache_dir
-from course.models.base import ModelConfig
-from course.models.llama import Llama
+from course.models.base import CausalLM, ModelConfig
+from course.models import build_model
+
 from course.policies import StreamingLLM
 from course.streaming import exact_stream
 
@@ -64,11 +65,13 @@ class TrainConfig:
     schedule: Literal["constant", "cosine"] = "constant"
     weight_decay: float = 0.1  # on weight matrices only
     betas: tuple[float, float] = (0.9, 0.98)
-    clip: float = 1.0
+    clip: float = 1.0  # gradient-norm clipping (0: none)
     n_layer: int = 3
     n_head: int = 4
     d_model: int = 64
-    d_ff: int = 176
+    d_ff: int = 256
+    qkv_bias: bool = False  # Llama only (GPT-2 always has biases)
+    family: Literal["gpt2", "llama"] = "gpt2"
     seed: int = 0
     log_every: int = 50
 
@@ -181,9 +184,9 @@ def lm_loss(logits: Tensor, inputs: Tensor, n_prefix: int) -> Tensor:
 def model_config(cfg: TrainConfig, vocab: int) -> ModelConfig:
     sink_logit = {"sink-logit": "learned", "off-by-one": "zero"}.get(cfg.variant, "none")
     return ModelConfig(
-        family="llama", vocab_size=vocab + 1, n_layer=cfg.n_layer, n_head=cfg.n_head, n_kv_head=cfg.n_head,
+        family=cfg.family, vocab_size=vocab + 1, n_layer=cfg.n_layer, n_head=cfg.n_head, n_kv_head=cfg.n_head,
         d_model=cfg.d_model, head_dim=cfg.d_model // cfg.n_head, d_ff=cfg.d_ff, max_positions=4 * (cfg.seq_len + 1),
-        rope_theta=10000.0, tie_embeddings=True, sink_logit=sink_logit, name=f"tiny-{cfg.variant}",
+        rope_theta=10000.0, tie_embeddings=True, sink_logit=sink_logit, qkv_bias=cfg.qkv_bias, name=f"tiny-{cfg.variant}",
     )
 
 
@@ -192,7 +195,7 @@ class TrainRun:
     """A trained model, its configuration and its log (one dict per logged step)."""
 
     config: TrainConfig
-    model: Llama
+    model: CausalLM
     log: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     path: Path | None = None
@@ -211,11 +214,12 @@ class TrainRun:
         return prepend_sink(x, self.sink_id) if self.n_prefix else x
 
 
-def init_weights(model: Llama, n_layer: int) -> None:
+def init_weights(model: CausalLM, n_layer: int) -> None:
     """GPT-2-style initialisation: N(0, 0.02) everywhere, output projections scaled by 1/sqrt(2 L)."""
     for name, p in model.named_parameters():
         if p.dim() >= 2:
-            std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("attn.o.weight", "mlp.down.weight")) else 0.02
+            residual_out = name.endswith(("attn.o.weight", "mlp.down.weight", "attn.out.weight", "mlp.proj.weight"))
+            std = 0.02 / math.sqrt(2 * n_layer) if residual_out else 0.02
             torch.nn.init.normal_(p, 0.0, std)
 
 
@@ -243,13 +247,13 @@ def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool =
     path = cache_dir() / "runs" / cfg.run_name
     task = make_task(cfg.task)
     if not retrain and (path / "model.pt").is_file() and (path / "log.json").is_file():
-        model = Llama(model_config(cfg, task.vocab))
+        model = build_model(model_config(cfg, task.vocab))
         model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
         info = json.loads((path / "log.json").read_text())
         return TrainRun(cfg, model.to(device).eval(), info["log"], info["seconds"], path, loaded=True)
 
     torch.manual_seed(cfg.seed)
-    model = Llama(model_config(cfg, task.vocab))
+    model = build_model(model_config(cfg, task.vocab))
     init_weights(model, cfg.n_layer)
     model.to(device)
     run = TrainRun(cfg, model, path=path)
@@ -266,7 +270,8 @@ def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool =
         loss = lm_loss(model(x).logits, x, run.n_prefix)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        if cfg.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
             model.eval()
@@ -323,7 +328,8 @@ def window_losses(run: TrainRun, x: Tensor, windows: list[int], sinks: list[int]
     for w in windows:
         table[w] = {}
         for k in sinks:
-            r = exact_stream(run.model, inputs, StreamingLLM(k, w), progress=False)
+            rule = "cache" if run.model.config.family == "llama" else "original"
+            r = exact_stream(run.model, inputs, StreamingLLM(k, w, positions=rule), progress=False)
             table[w][k] = r.nll[:, max(n_prefix, 1) - 1 :].mean().item()
     return {"full": full, "windows": table}
 

@@ -76,14 +76,18 @@ def result_of(ex: Exercise, fn: Callable) -> tuple[str, str]:
     return "pass", "correct"
 
 
-def _autofill_default() -> bool:
+def _autofill_from_env() -> bool:
     return os.environ.get(AUTOFILL_ENV, "0") == "1"
 
 
-def check(id: str, fn: Callable, autofill: bool | None = None) -> Callable:
-    """Check a student's function for exercise ``id``; return the function to use from now on."""
+def check(id: str, fn: Callable, autofill: bool = False) -> Callable:
+    """Check a student's function for exercise ``id``; return the function to use from now on.
+
+    An exercise not done yet raises ``NotDoneYet``, unless ``autofill`` (the notebook's AUTOFILL
+    parameter) is true or ``COURSE_AUTOFILL=1`` is set: then the reference is returned.
+    """
     ex = get(id)
-    autofill = _autofill_default() if autofill is None else autofill
+    autofill = bool(autofill) or _autofill_from_env()
     status, feedback = result_of(ex, fn)
     grade_out = os.environ.get(GRADE_OUT_ENV)
     if grade_out:  # autograder: record, never stop the notebook, carry on with the reference

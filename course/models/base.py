@@ -30,7 +30,8 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0  # Llama only
     tie_embeddings: bool = True
-    sink_logit: Literal["none", "learned", "zero"] = "none"  # Llama only: a per-head extra logit
+    sink_logit: Literal["none", "learned", "zero"] = "none"  # a per-head logit of an empty slot
+    qkv_bias: bool = False  # Llama only: biases on the query/key/value projections (as Qwen2)
     name: str = "model"
 
     def to_dict(self) -> dict:

@@ -38,6 +38,9 @@ class Attention(nn.Module):
         self.cfg, self.layer_idx = cfg, layer_idx
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # W_Q, W_K, W_V side by side
         self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        # An optional per-head logit of an empty slot (see llama.py); the pretrained GPT-2 has none.
+        self.sink_logit = nn.Parameter(torch.zeros(cfg.n_head), requires_grad=cfg.sink_logit == "learned") \
+            if cfg.sink_logit != "none" else None
 
     def forward(
         self, x: Tensor, pos: Tensor, cache: KVCache | None, want_weights: bool
@@ -50,10 +53,10 @@ class Attention(nn.Module):
 
         if cache is None:  # a plain forward over the whole sequence: causal attention
             k_pos = pos[:, None, :].expand(b, h, t)
-            y, w = attend(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0)
+            y, w = attend(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0, sink_logit=self.sink_logit)
         else:
             k, v, k_pos = cache.update(self.layer_idx, k, v, pos)  # [B, H, S, d], positions [B, H, S]
-            y, w = attend_cached(cache, self.layer_idx, q, k, v, pos, want_weights)
+            y, w = attend_cached(cache, self.layer_idx, q, k, v, pos, want_weights, sink_logit=self.sink_logit)
         y = y.transpose(1, 2).reshape(b, t, h * d)
         return self.out(y), w, k_pos
 
@@ -73,8 +76,8 @@ class GPT2(CausalLM):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        if cfg.family != "gpt2" or cfg.n_kv_head != cfg.n_head or cfg.sink_logit != "none":
-            raise ValueError("GPT2 needs family='gpt2', n_kv_head == n_head and no sink logit")
+        if cfg.family != "gpt2" or cfg.n_kv_head != cfg.n_head:
+            raise ValueError("GPT2 needs family='gpt2' and n_kv_head == n_head")
         self.config = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)  # E
         self.pos_emb = nn.Embedding(cfg.max_positions, cfg.d_model)  # P

@@ -68,9 +68,9 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg, self.layer_idx = cfg, layer_idx
         d, h, hkv = cfg.head_dim, cfg.n_head, cfg.n_kv_head
-        self.q = nn.Linear(cfg.d_model, h * d, bias=False)
-        self.k = nn.Linear(cfg.d_model, hkv * d, bias=False)
-        self.v = nn.Linear(cfg.d_model, hkv * d, bias=False)
+        self.q = nn.Linear(cfg.d_model, h * d, bias=cfg.qkv_bias)
+        self.k = nn.Linear(cfg.d_model, hkv * d, bias=cfg.qkv_bias)
+        self.v = nn.Linear(cfg.d_model, hkv * d, bias=cfg.qkv_bias)
         self.o = nn.Linear(h * d, cfg.d_model, bias=False)
         # An optional per-head logit of an empty slot: attention can go "nowhere" (sink-logit
         # models learn it; "zero" fixes it at 0, i.e. softmax-off-by-one).

@@ -43,14 +43,15 @@ def _check_attention_step(fn) -> None:
             raise Wrong("the last row of the cache must be the new token's key and value (k_new, v_new)")
         expected = torch.softmax(ks[: t + 1] @ qs[t] / math.sqrt(d), 0) @ vs[: t + 1]
         if not close(y, expected, 1e-5):
+            itself = ("the new token must attend to itself too: append k_new, v_new to the cache *before* "
+                      "computing the scores")
+            if t == 0 and (close(y, torch.zeros(d)) or not bool(torch.isfinite(torch.as_tensor(y)).all())):
+                raise Wrong(itself)  # an empty cache gave nothing to attend to
             unscaled = torch.softmax(ks[: t + 1] @ qs[t], 0) @ vs[: t + 1]
             if close(y, unscaled, 1e-5):
                 raise Wrong("scale the scores by 1/sqrt(d) before the softmax")
-            if t > 0:
-                without_new = torch.softmax(ks[:t] @ qs[t] / math.sqrt(d), 0) @ vs[:t]
-                if close(y, without_new, 1e-5):
-                    raise Wrong("the new token must attend to itself too: append k_new, v_new to the cache "
-                                "*before* computing the scores")
+            if t >= 2 and close(y, torch.softmax(ks[:t] @ qs[t] / math.sqrt(d), 0) @ vs[:t], 1e-5):
+                raise Wrong(itself)
             if close(y, vs[: t + 1].mean(0), 1e-5) and t > 0:
                 raise Wrong("your weights are uniform: is the softmax taken over the right axis (the keys)?")
             raise Wrong(f"at step {t} the output differs from softmax(K q / sqrt(d)) V "
@@ -67,18 +68,18 @@ def kv_cache_bytes(n_layers: int, kv_heads: int, head_dim: int, tokens: int, bat
 
 @exercise("01.kv_cache_bytes", "Exercise 2 (bytes of a KV cache)", kv_cache_bytes)
 def _check_kv_cache_bytes(fn) -> None:
-    cases = [(32, 32, 128, 4096, 1, 2), (30, 3, 64, 1000, 4, 4), (12, 12, 64, 1024, 8, 2), (40, 8, 128, 7, 3, 1)]
+    cases = [(30, 3, 64, 1000, 3, 4), (32, 32, 128, 4096, 1, 2), (12, 12, 64, 1024, 8, 2), (40, 8, 128, 7, 3, 1)]
     for case in cases:
         got, want = fn(*case), kv_cache_bytes(*case)
         if got == want:
             continue
         layers, heads, d, t, b, nb = case
+        if got == want // nb:
+            raise Wrong("that is a count of numbers, not bytes: multiply by dtype_bytes")
         if got * 2 == want:
             raise Wrong("the cache holds keys AND values: multiply by 2")
         if got == want // b:
             raise Wrong("every sequence in the batch has its own cache: multiply by batch")
-        if got == want // nb:
-            raise Wrong("that is a count of numbers, not bytes: multiply by dtype_bytes")
         if got == want // layers:
             raise Wrong("every layer has its own cache: multiply by n_layers")
         raise Wrong(f"kv_cache_bytes{case} should be {want:,} bytes, got {got!r}")
