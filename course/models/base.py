@@ -112,6 +112,30 @@ class CausalLM(nn.Module):
             raise ValueError("positions must be >= 0")
         return positions, int(positions.max())
 
+    def forward(
+        self,
+        ids: Tensor,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        output_attentions: bool = False,
+    ) -> ModelOutput:
+        """ids: [B, T] token ids; positions: [T] or [B, T] (default: continue the cache's stream).
+
+        With a cache, the new tokens' K/V are stored and they attend to everything the cache
+        holds (by its policy). Returns logits [B, T, vocab] (and attention weights on request).
+        Each family defines ``embed`` (how tokens and positions enter) and ``final_norm``.
+        """
+        pos, max_pos = self._inputs(ids, positions, cache)
+        x = self.embed(ids, pos, max_pos)
+        x, attentions, key_positions = self._run_blocks(x, pos, cache, output_attentions)
+        return ModelOutput(self.lm_head(self.final_norm(x)), attentions, key_positions)
+
+    def embed(self, ids: Tensor, pos: Tensor, max_pos: int) -> Tensor:
+        raise NotImplementedError
+
+    def final_norm(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
     def _run_blocks(
         self, x: Tensor, pos: Tensor, cache: KVCache | None, output_attentions: bool
     ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from course.kvcache import KVCache
 from course.models.attend import attend, attend_cached
-from course.models.base import Block, CausalLM, ModelConfig, ModelOutput
+from course.models.base import Block, CausalLM, ModelConfig
 
 __all__ = ["GPT2"]
 
@@ -90,25 +90,15 @@ class GPT2(CausalLM):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied
 
-    def forward(
-        self,
-        ids: Tensor,
-        positions: Tensor | None = None,
-        cache: KVCache | None = None,
-        output_attentions: bool = False,
-    ) -> ModelOutput:
-        """ids: [B, T] token ids; positions: [T] or [B, T] (default: continue the cache's stream).
-
-        With a cache, the new tokens' K/V are stored and they attend to everything the cache
-        holds (by its policy). Returns logits [B, T, vocab] (and attention weights on request).
-        """
-        pos, max_pos = self._inputs(ids, positions, cache)
+    def embed(self, ids: Tensor, pos: Tensor, max_pos: int) -> Tensor:
+        """x_0 = E[token] + P[position]: [B, T] -> [B, T, D]. Positions beyond the table do not exist."""
         if max_pos >= self.config.max_positions:
             raise ValueError(
                 f"position {max_pos} does not exist in GPT-2: its learned position table has "
                 f"{self.config.max_positions} rows (0..{self.config.max_positions - 1}). Stream at most "
                 f"{self.config.max_positions} tokens with GPT-2, or use a RoPE model to go further."
             )
-        x = self.tok_emb(ids) + self.pos_emb(pos)  # x_0 = E[token] + P[position]
-        x, attentions, key_positions = self._run_blocks(x, pos, cache, output_attentions)
-        return ModelOutput(self.lm_head(self.ln_f(x)), attentions, key_positions)
+        return self.tok_emb(ids) + self.pos_emb(pos)
+
+    def final_norm(self, x: Tensor) -> Tensor:
+        return self.ln_f(x)

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from course.kvcache import KVCache, SinkRotation
 from course.models.attend import attend, attend_cached
-from course.models.base import Block, CausalLM, ModelConfig, ModelOutput
+from course.models.base import Block, CausalLM, ModelConfig
 
 __all__ = ["Llama", "RMSNorm", "rope", "rotate_half"]
 
@@ -150,18 +150,9 @@ class Llama(CausalLM):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
 
-    def forward(
-        self,
-        ids: Tensor,
-        positions: Tensor | None = None,
-        cache: KVCache | None = None,
-        output_attentions: bool = False,
-    ) -> ModelOutput:
-        """ids: [B, T] token ids; positions: [T] or [B, T] (default: continue the cache's stream).
+    def embed(self, ids: Tensor, pos: Tensor, max_pos: int) -> Tensor:
+        """x_0 = E[token]: [B, T] -> [B, T, D]. Positions enter later, inside attention (RoPE)."""
+        return self.tok_emb(ids)
 
-        With a cache, the new tokens' K/V are stored and they attend to everything the cache
-        holds (by its policy). Returns logits [B, T, vocab] (and attention weights on request).
-        """
-        pos, _ = self._inputs(ids, positions, cache)
-        x, attentions, key_positions = self._run_blocks(self.tok_emb(ids), pos, cache, output_attentions)
-        return ModelOutput(self.lm_head(self.norm(x)), attentions, key_positions)
+    def final_norm(self, x: Tensor) -> Tensor:
+        return self.norm(x)
