@@ -36,6 +36,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from course.progress import progress_bar
+
 __all__ = [
     "AssetMissing",
     "Download",
@@ -149,8 +151,6 @@ def _publish(tmp: Path, final: Path) -> None:
 
 def download(item: Download, folder: Path, progress: bool = True) -> Path:
     """Download ``item`` into ``folder`` unless a verified copy is there; return its path."""
-    from tqdm.auto import tqdm
-
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / item.filename
     if target.is_file() and target.stat().st_size == item.size and sha256_of(target) == item.sha256:
@@ -161,7 +161,8 @@ def download(item: Download, folder: Path, progress: bool = True) -> Path:
     for url in item.urls:
         try:
             with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
-                with tqdm(total=item.size, unit="B", unit_scale=True, desc=item.filename, disable=not progress) as bar:
+                with progress_bar(total=item.size, unit="B", unit_scale=True, desc=item.filename,
+                                  enabled=progress, leave=True) as bar:
                     for block in iter(lambda: response.read(1 << 20), b""):
                         out.write(block)
                         bar.update(len(block))

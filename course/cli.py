@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 __all__ = ["COMMANDS", "Command"]
 

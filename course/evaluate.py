@@ -29,6 +29,7 @@ from torch import Tensor
 from course.data import load_text
 from course.models.base import CausalLM
 from course.policies import Policy
+from course.progress import progress_bar
 
 __all__ = [
     "NeedleTrial", "make_needle_trials", "score_needle", "needle_eval", "budget_sweep", "decode_after_compression",
@@ -133,10 +134,7 @@ def needle_eval(model: CausalLM, trials: list[NeedleTrial], policy_for: callable
     """Score every trial with a fresh policy from ``policy_for(trial)`` (policies hold state).
 
     Returns accuracy, mean_answer_logprob, mean needle_kept and the per-trial rows."""
-    from tqdm.auto import tqdm
-
-    rows = [score_needle(model, t, policy_for(t)) for t in tqdm(trials, desc="needle", disable=not progress,
-                                                                  leave=False)]
+    rows = [score_needle(model, t, policy_for(t)) for t in progress_bar(trials, desc="needle", enabled=progress)]
     n = len(rows)
     return {
         "accuracy": sum(r["exact"] for r in rows) / n,

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from torch import Tensor
 from course.kvcache import KVCache
 from course.models.base import CausalLM
 from course.policies import FullCache, Policy
+from course.progress import progress_bar
 
 __all__ = ["StreamResult", "decode_stream", "exact_stream", "recompute_stream", "evaluate_stream"]
 
@@ -98,9 +99,7 @@ def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="tok", disable=not enabled, leave=False)
+    return progress_bar(total=total, desc=desc, unit="tok", enabled=enabled)
 
 
 @torch.inference_mode()

@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from course.assets import cache_dir
-from course.models.base import CausalLM, ModelConfig
 from course.models import build_model
-
+from course.models.base import CausalLM, ModelConfig
 from course.policies import StreamingLLM
+from course.progress import progress_bar
 from course.streaming import exact_stream
 
 __all__ = [
@@ -242,8 +242,6 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
 def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool = True, retrain: bool = False,
           save: bool = True) -> TrainRun:
     """Train (or load the stored run of) ``cfg``. Logs loss and sink mass every ``log_every`` steps."""
-    from tqdm.auto import tqdm
-
     path = cache_dir() / "runs" / cfg.run_name
     task = make_task(cfg.task)
     if not retrain and (path / "model.pt").is_file() and (path / "log.json").is_file():
@@ -261,7 +259,7 @@ def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool =
     g = torch.Generator().manual_seed(cfg.seed)
     probe = task.sample(32, cfg.seq_len, torch.Generator().manual_seed(10_000 + cfg.seed)).to(device)
     start = time.perf_counter()
-    bar = tqdm(range(cfg.steps), desc=f"train {cfg.variant}", disable=not progress, leave=False)
+    bar = progress_bar(range(cfg.steps), desc=f"train {cfg.variant}", enabled=progress)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, cfg)
@@ -278,7 +276,7 @@ def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool =
             mass = sink_mass_of(run, probe)
             run.log.append({"step": step, "loss": round(loss.item(), 4), "sink_mass": round(mass, 4),
                             "seconds": round(time.perf_counter() - start, 1)})
-            bar.set_postfix(loss=f"{loss.item():.3f}", sink=f"{mass:.2f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}", sink=f"{mass:.2f}", refresh=False)
     run.seconds = time.perf_counter() - start
     model.eval()
     if save:

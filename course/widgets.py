@@ -28,8 +28,8 @@ from __future__ import annotations
 import html
 import io
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt

@@ -6,8 +6,8 @@ import inspect
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import nbformat
 import pytest

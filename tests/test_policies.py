@@ -9,8 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course.kvcache import KVCache, LayerCache, cache_bytes_per_token
-from course.policies import (H2O, FullCache, PinSinks, RandomEviction, SlidingWindow, SnapKV, StreamingLLM,
-                             group_mean, make_policy)
+from course.policies import (
+    H2O,
+    FullCache,
+    PinSinks,
+    RandomEviction,
+    SlidingWindow,
+    SnapKV,
+    StreamingLLM,
+    group_mean,
+    make_policy,
+)
 
 from .conftest import tiny_model
 

@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from course.__main__ import main
-from course.train import (BigramBackcopy, TrainConfig, attention_on_sink, lm_loss, prepend_sink, train,
-                          variant_config, window_losses)
+from course.train import (
+    BigramBackcopy,
+    TrainConfig,
+    attention_on_sink,
+    lm_loss,
+    prepend_sink,
+    train,
+    variant_config,
+    window_losses,
+)
 
 
 def test_bigram_backcopy_copies_after_triggers():

@@ -12,8 +12,18 @@ from course import plots
 from course.attention import attention_maps
 from course.policies import H2O, SlidingWindow, SnapKV, StreamingLLM
 from course.streaming import decode_stream, evaluate_stream
-from course.widgets import (CacheView, attention_explorer, attention_view, cache_explorer, cache_view,
-                            explorer_policy, head_sink_mass, kept_tokens_html, run_policy, token_strings)
+from course.widgets import (
+    CacheView,
+    attention_explorer,
+    attention_view,
+    cache_explorer,
+    cache_view,
+    explorer_policy,
+    head_sink_mass,
+    kept_tokens_html,
+    run_policy,
+    token_strings,
+)
 
 from .conftest import tiny_model
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 __all__ = ["Exercise", "Wrong", "ExerciseFailed", "NotDoneYet", "REGISTRY", "exercise", "check", "result_of"]
 

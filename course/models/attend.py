@@ -16,9 +16,8 @@ head h uses KV head h // (H / H_kv). Neither path copies K/V to H heads.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
-
 from typing import TYPE_CHECKING
 
 import torch

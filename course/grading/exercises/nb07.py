@@ -10,7 +10,7 @@ from torch import Tensor
 from course.evaluate import continuation_nll
 from course.grading.core import Wrong, exercise
 from course.grading.exercises.fixtures import CallCounter, tiny_model
-from course.policies import FullCache, H2O, SlidingWindow, SnapKV
+from course.policies import H2O, FullCache, SlidingWindow, SnapKV
 
 
 # ----------------------------------------------------------------------------- 1. memory per policy
