@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from course.kvcache import KVCache
@@ -93,9 +92,12 @@ def _fill_index(policy: Policy, n_tokens: int) -> int | None:
 
 
 def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
-    """logits [B, T, V], targets [B, T] -> NLL [B, T] (at least float32)."""
+    """logits [B, T, V], targets [B, T] -> NLL [B, T] (at least float32).
+
+    -log softmax(z)_y = logsumexp(z) - z_y: the same as cross-entropy, without the [B, T, V]
+    log-probabilities (three times faster on a CPU for SmolLM2's 49K-token vocabulary)."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    return torch.logsumexp(logits, dim=-1) - logits.gather(-1, targets[..., None])[..., 0]
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -128,7 +130,7 @@ def decode_stream(model: CausalLM, ids: Tensor, policy: Policy | None = None, pr
 
 @torch.inference_mode()
 def exact_stream(
-    model: CausalLM, ids: Tensor, policy: Policy | None = None, chunk: int = 512, progress: bool = True
+    model: CausalLM, ids: Tensor, policy: Policy | None = None, chunk: int = 256, progress: bool = True
 ) -> StreamResult:
     """The exact fast evaluator: the NLL ``decode_stream`` would give, computed chunk by chunk.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from course.bench import bench_evaluator, bench_policies, bench_vs_transformers, markdown_tables, peak_memory
@@ -34,8 +35,14 @@ def test_bench_policies_cache_bytes_follow_each_policy():
     assert per["full"]["cache_bytes"] == [20 * slot, 200 * slot]  # grows with the stream
     assert per["streaming"]["cache_bytes"] == [16 * slot, 16 * slot]  # flat
     assert per["h2o"]["cache_bytes"] == [16 * slot, 16 * slot]
-    assert per["snapkv"]["cache_bytes"] == [20 * slot, (16 + 200 - 64) * slot]  # compressed prompt, then grows
+    assert per["snapkv"]["cache_bytes"] == [16 * slot, (16 + 200 - 20) * slot]  # compressed prompt, then grows
     assert r["h2o_over_streaming"] > 0 and peak_memory(torch.device("cpu"))["peak_rss_mib"] > 0
+
+
+def test_bench_policies_rejects_lengths_below_the_budget():
+    model = tiny_model("llama", dtype=torch.float32)
+    with pytest.raises(ValueError, match="lengths"):
+        bench_policies(model, torch.randint(0, 97, (1, 8)), [8, 200], budget=16, steps=1, reps=1)
 
 
 def test_markdown_tables_render():
@@ -48,7 +55,8 @@ def test_markdown_tables_render():
                       "max_nll_diff": 0.0},
         "snapkv_prefill": {"prompt": 8, "snapkv_ms": 2.0, "plain_ms": 1.0, "ratio": 2.0},
         "policies": {"budget": 4, "h2o_over_streaming": 1.5, "snapkv_over_streaming": 1.0,
-                     "per_policy": {"full": {"tokens": [1, 2], "ms_per_token": [1.0, 2.0], "cache_bytes": [1, 2]}}},
+                     "per_policy": {name: {"tokens": [1, 2], "ms_per_token": [1.0, 2.0], "cache_bytes": [1, 2]}
+                                    for name in ("full", "snapkv")}},
     }
     text = markdown_tables(fake)
     assert "| decode, 16-token context |" in text and "t=2" in text

@@ -123,6 +123,8 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | N
             bias[..., :-1] = bias[..., :-1].masked_fill(~mask, -math.inf)
         bias[..., -1] = sink_logit.to(q.dtype).view(1, h, 1)
         mask = bias
+    elif mask is not None:  # an additive mask keeps grouped-query attention on the fused CPU kernel
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, -math.inf)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=kv != h)
 
 
