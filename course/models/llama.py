@@ -59,8 +59,8 @@ def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     if positions.dim() == 2:
         positions = positions[:, None, :]
     angles = positions[..., None].to(dtype) * inv_freq  # [B, 1 or heads, N, d/2]
-    angles = torch.cat((angles, angles), dim=-1)
-    return x * angles.cos().to(x.dtype) + rotate_half(x) * angles.sin().to(x.dtype)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # each pair's two halves share an angle
+    return x * torch.cat((cos, cos), dim=-1) + rotate_half(x) * torch.cat((sin, sin), dim=-1)
 
 
 class Attention(nn.Module):
