@@ -17,5 +17,7 @@ if [ "${1:-}" = "--execute" ]; then
   done
   echo "Executed notebooks are in outputs/."
 else
-  exec jupyter lab notebooks/
+  args=()
+  [ "$(id -u)" = 0 ] && args+=(--allow-root)  # containers and cloud machines often run as root
+  exec jupyter lab "${args[@]}" notebooks/
 fi
