@@ -28,8 +28,9 @@ from course.kvcache import KVCache
 from course.models.base import CausalLM
 from course.policies import FullCache, Policy
 from course.progress import progress_bar
+from course.timing import synchronize
 
-__all__ = ["StreamResult", "decode_stream", "exact_stream", "recompute_stream", "evaluate_stream"]
+__all__ = ["StreamResult", "decode_stream", "exact_stream", "recompute_stream", "evaluate_stream", "next_token_nll"]
 
 
 @dataclass
@@ -91,7 +92,7 @@ def _fill_index(policy: Policy, n_tokens: int) -> int | None:
     return budget if budget is not None and budget < n_tokens else None
 
 
-def _next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
+def next_token_nll(logits: Tensor, targets: Tensor) -> Tensor:
     """logits [B, T, V], targets [B, T] -> NLL [B, T] (at least float32).
 
     -log softmax(z)_y = logsumexp(z) - z_y: the same as cross-entropy, without the [B, T, V]
@@ -120,10 +121,10 @@ def decode_stream(model: CausalLM, ids: Tensor, policy: Policy | None = None, pr
     with _progress(n - 1, f"decode {policy.label}", progress) as bar:
         for t in range(n - 1):
             logits = model(ids[:, t : t + 1], cache=cache).logits
-            nll[:, t] = _next_token_nll(logits, ids[:, t + 1 : t + 2])[:, 0]
+            nll[:, t] = next_token_nll(logits, ids[:, t + 1 : t + 2])[:, 0]
             sizes.append(cache.nbytes)
             bar.update(1)
-    _sync(ids.device)
+    synchronize(ids.device)
     extra = inspect(cache) if inspect is not None else {}
     return StreamResult(policy.label, nll.cpu(), sizes, time.perf_counter() - start, _fill_index(policy, n), extra)
 
@@ -150,12 +151,12 @@ def exact_stream(
         for c0 in range(0, n - 1, chunk):
             c1 = min(c0 + chunk, n - 1)
             logits = model(ids[:, c0:c1], cache=cache).logits
-            pieces.append(_next_token_nll(logits, ids[:, c0 + 1 : c1 + 1]))
+            pieces.append(next_token_nll(logits, ids[:, c0 + 1 : c1 + 1]))
             budget = policy.budget
             sizes.extend(_bytes_after(cache, t, budget) for t in range(c0, c1))
             cache.compress()
             bar.update(c1 - c0)
-    _sync(ids.device)
+    synchronize(ids.device)
     nll = torch.cat(pieces, dim=1).cpu()
     return StreamResult(policy.label, nll, sizes, time.perf_counter() - start, _fill_index(policy, n))
 
@@ -189,15 +190,15 @@ def recompute_stream(
     with _progress(n - 1 - start, f"recompute w={window}", progress) as bar:
         if start < window - 1:
             m = min(window - 1, n - 1)
-            nll[:, :m] = _next_token_nll(model(ids[:, :m]).logits, ids[:, 1 : m + 1])
+            nll[:, :m] = next_token_nll(model(ids[:, :m]).logits, ids[:, 1 : m + 1])
             bar.update(m - start)
         for b0 in range(first, n - 1, batch):
             ts = range(b0, min(b0 + batch, n - 1))
             windows = torch.stack([ids[0, t - window + 1 : t + 1] for t in ts])  # [b, window]
             logits = model(windows).logits[:, -1:]  # the last position predicts token t+1
-            nll[0, b0 : b0 + len(ts)] = _next_token_nll(logits, ids[0, b0 + 1 : b0 + 1 + len(ts), None])[:, 0]
+            nll[0, b0 : b0 + len(ts)] = next_token_nll(logits, ids[0, b0 + 1 : b0 + 1 + len(ts), None])[:, 0]
             bar.update(len(ts))
-    _sync(ids.device)
+    synchronize(ids.device)
     per_token = model.config.cache_bytes_per_token(torch.finfo(model.dtype).bits // 8)
     sizes = [per_token * min(t + 1, window) for t in range(n - 1)]
     fill = window if window < n else None
@@ -215,8 +216,3 @@ def evaluate_stream(
     if inspect is None and (method == "exact" or (method == "auto" and policy.is_static)):
         return exact_stream(model, ids, policy, progress=progress)
     return decode_stream(model, ids, policy, progress=progress, inspect=inspect)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -10,10 +10,11 @@ import torch
 
 from course.models.base import CausalLM
 
-__all__ = ["median_seconds", "alternate", "decode_cost_vs_context"]
+__all__ = ["median_seconds", "alternate", "decode_cost_vs_context", "synchronize"]
 
 
-def _sync(device: torch.device | None) -> None:
+def synchronize(device: torch.device | None) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so that a clock reading means something."""
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -35,10 +36,10 @@ def alternate(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int =
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            _sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             fn()
-            _sync(device)
+            synchronize(device)
             times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
 

@@ -14,8 +14,8 @@ The task, Bigram-Backcopy (Guo et al. 2024, *Active-Dormant Attention Heads*): t
 fixed random bigram chain, except that right after one of a few trigger tokens the next token
 copies the token before the trigger. Copying needs attention only at triggers; everywhere else a
 copy head has nothing to read — exactly the situation in which heads learn to park attention on
-a sink. ``task="text"`` trains on Austen (bytes) for the contrast: at CPU scale, natural text is
-too little to grow sinks.
+a sink. ``task="text"`` trains on Austen (bytes) for the contrast: at CPU scale, natural text does
+not make a model grow a sink of its own (with a sink token, though, the model uses it).
 
 Runs are cached under ``<course cache>/runs/<name>-<hash>/`` (weights + JSON log): training again
 with the same configuration loads the stored run unless ``retrain=True``.
@@ -115,8 +115,9 @@ class BigramBackcopy:
                  seed: int = 1234) -> None:
         self.vocab = vocab
         dirichlet = torch.distributions.Dirichlet(torch.full((vocab,), alpha))
-        torch.manual_seed(seed)  # Dirichlet sampling uses the global generator
-        rows = dirichlet.sample((vocab,))
+        with torch.random.fork_rng(devices=[]):  # Dirichlet sampling uses the global generator: leave it as it was
+            torch.manual_seed(seed)
+            rows = dirichlet.sample((vocab,))
         self.transition = (1 - uniform) * rows + uniform / vocab  # [V, V]
         stationary = torch.full((vocab,), 1.0 / vocab)
         for _ in range(200):  # power iteration: how often each token occurs in a long chain
@@ -151,7 +152,7 @@ class TextBytes:
     def __init__(self) -> None:
         from course.data import load_text
 
-        self.data = torch.tensor(list(load_text("austen").encode("utf-8")), dtype=torch.uint8)
+        self.data = torch.frombuffer(bytearray(load_text("austen").encode("utf-8")), dtype=torch.uint8)
         self.vocab = 256
 
     def sample(self, batch: int, length: int, generator: torch.Generator) -> Tensor:
@@ -322,11 +323,11 @@ def window_losses(run: TrainRun, x: Tensor, windows: list[int], sinks: list[int]
     inputs = run.inputs(x)
     n_prefix = run.n_prefix
     full = lm_loss(run.model(inputs).logits, inputs, n_prefix).item()
+    rule = "cache" if run.model.config.family == "llama" else "original"
     table: dict[int, dict[int, float]] = {}
     for w in windows:
         table[w] = {}
         for k in sinks:
-            rule = "cache" if run.model.config.family == "llama" else "original"
             r = exact_stream(run.model, inputs, StreamingLLM(k, w, positions=rule), progress=False)
             table[w][k] = r.nll[:, max(n_prefix, 1) - 1 :].mean().item()
     return {"full": full, "windows": table}
@@ -347,19 +348,18 @@ def copy_head_profile(run: TrainRun, x: Tensor) -> dict:
     n_prefix = run.n_prefix
     is_copy = task.copy_targets(x.cpu())  # [B, T] over content positions
     # query at input position q predicts content token q + 1 - n_prefix; copy source is content q - 1
+    b_idx, t_idx = is_copy[:, 2:].nonzero(as_tuple=True)
+    t_idx = t_idx + 2  # content position of the copied token
+    q = t_idx - 1 + n_prefix  # the query that predicts it
+    src = t_idx - 2 + n_prefix  # the token it copies
+    rest = ~is_copy
+    rest[:, :4] = False
+    rb, rt = rest[:, : x.shape[1] - 1].nonzero(as_tuple=True)
+    rq = (rt - 1 + n_prefix).clamp(min=0)
     active_rows, dormant_rows = [], []
     for w in out.attentions:
         w = w.cpu()
-        b_idx, t_idx = is_copy[:, 2:].nonzero(as_tuple=True)
-        t_idx = t_idx + 2  # content position of the copied token
-        q = t_idx - 1 + n_prefix  # the query that predicts it
-        src = t_idx - 2 + n_prefix  # the token it copies
         active = w[b_idx, :, q, src].mean(0)  # [H]
-        rest = ~is_copy.clone()
-        rest[:, :4] = False
-        rb, rt = rest[:, : x.shape[1] - 1].nonzero(as_tuple=True)
-        rq = rt - 1 + n_prefix
-        rq = rq.clamp(min=0)
         if run.model.config.sink_logit != "none":
             dormant = (1 - w[rb, :, rq].sum(-1)).mean(0)
         else:

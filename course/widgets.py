@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
-import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor
 
@@ -43,7 +42,7 @@ from course.attention import sink_mass, uniform_mass
 from course.kvcache import KVCache
 from course.models.base import CausalLM
 from course.policies import POLICY_NAMES, Policy, make_policy
-from course.streaming import evaluate_stream
+from course.streaming import evaluate_stream, next_token_nll
 
 __all__ = [
     "token_strings", "head_sink_mass", "attention_view", "attention_explorer",
@@ -201,8 +200,7 @@ def _prompt_run(model: CausalLM, ids: Tensor, policy: Policy) -> CacheRun:
     cache = model.new_cache(1, policy)
     logits = model(ids[:, :-1].to(model.device), cache=cache).logits
     cache.compress()
-    logits = logits[0].to(torch.promote_types(logits.dtype, torch.float32))  # the stream evaluators' precision
-    nll = F.cross_entropy(logits, ids[0, 1:].to(model.device), reduction="none")
+    nll = next_token_nll(logits, ids[:, 1:].to(model.device))  # as the stream evaluators compute it
     ppl = math.exp(nll.double().mean().item())
     positions = _sorted(_final_positions(cache)["positions"])
     return CacheRun(policy.label, ppl, None, positions, ids.shape[1], "prompt", False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
@@ -165,3 +167,23 @@ def vars_of(policy) -> dict:
     if isinstance(policy, H2O):
         return {"heavy": policy.heavy, "recent": policy.recent}
     raise TypeError(policy)
+
+
+def test_sink_logit_fast_path_equals_reference_path(family):
+    """The fused path carries a sink logit as an extra key of zeros; the explicit path adds it to the softmax."""
+    from course.models.attend import reference_mode
+    from course.policies import StreamingLLM
+
+    model = tiny_model(family, sink_logit="learned")
+    with torch.no_grad():
+        for layer in model.blocks:
+            layer.attn.sink_logit.normal_(0.0, 2.0)
+    ids = torch.randint(0, 97, (2, 30))
+    outputs = []
+    for reference in (False, True):
+        with torch.no_grad(), (reference_mode() if reference else contextlib.nullcontext()):
+            cache = model.new_cache(2, StreamingLLM(2, 8, positions="original"))
+            decoded = torch.cat([model(ids[:, t : t + 1], cache=cache).logits for t in range(30)], 1)
+            outputs.append((model(ids).logits, decoded))
+    assert torch.allclose(outputs[0][0], outputs[1][0], atol=1e-10)
+    assert torch.allclose(outputs[0][1], outputs[1][1], atol=1e-10)

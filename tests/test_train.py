@@ -83,3 +83,12 @@ def test_train_cli_json(tmp_path, monkeypatch, capsys):
     for key in ("variant", "steps", "seconds", "final_loss", "sink_mass", "full_loss", "window_loss"):
         assert key in out
     assert set(out["window_loss"]["W=4"]) == {"0", "1", "2", "4"} and out["steps"] == 12
+
+
+def test_building_the_task_leaves_the_global_generator_alone():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    a = BigramBackcopy()
+    assert torch.equal(torch.rand(3), expected)
+    assert torch.equal(BigramBackcopy().transition, a.transition)  # still fixed by its own seed

@@ -115,16 +115,14 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | N
     kv = k.shape[1]
     if mask is not None and mask.shape[1] > 1:
         mask = mask.repeat_interleave(h // kv, dim=1)  # per KV head -> per query head
+    if mask is not None:  # an additive mask keeps grouped-query attention on the fused CPU kernel
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, -math.inf)
     if sink_logit is not None:
+        s = k.shape[2]
         k = torch.cat([k, k.new_zeros(b, kv, 1, k.shape[-1])], dim=2)
         v = torch.cat([v, v.new_zeros(b, kv, 1, v.shape[-1])], dim=2)
-        bias = torch.zeros(b, h, t, k.shape[2], dtype=q.dtype, device=q.device)
-        if mask is not None:
-            bias[..., :-1] = bias[..., :-1].masked_fill(~mask, -math.inf)
-        bias[..., -1] = sink_logit.to(q.dtype).view(1, h, 1)
-        mask = bias
-    elif mask is not None:  # an additive mask keeps grouped-query attention on the fused CPU kernel
-        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, -math.inf)
+        real = mask.expand(b, h, t, s) if mask is not None else q.new_zeros(b, h, t, s)
+        mask = torch.cat([real, sink_logit.to(q.dtype).view(1, h, 1, 1).expand(b, h, t, 1)], dim=-1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=kv != h)
 
 
