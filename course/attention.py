@@ -19,6 +19,7 @@ def attention_maps(model: CausalLM, ids: Tensor) -> list[Tensor]:
     """Attention weights of every layer for a plain forward: list of [B, H, T, T] (CPU, float32)."""
     if ids.dim() == 1:
         ids = ids[None]
+    model.config.check_tokens(ids.shape[1], "attention_maps")
     out = model(ids.to(model.device), output_attentions=True)
     return [w.float().cpu() for w in out.attentions]
 

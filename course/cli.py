@@ -30,6 +30,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def model_name(text: str) -> str:
+    """A course model name, or a Hugging Face checkpoint: ``org/name`` on the hub or a local folder."""
+    from course.model_names import check_model_name
+
+    try:
+        return check_model_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -77,7 +87,8 @@ def _info(args: argparse.Namespace) -> dict:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cpu_threads": torch.get_num_threads(),
         "cache_dir": str(assets.cache_dir()),
-        "models": {"smollm2-135m": status["smollm2-135m"], "gpt2": gpt2_ok},
+        "models": {"smollm2-135m": status["smollm2-135m"], "gpt2": gpt2_ok,
+                   "gpt2-random": status["smollm2-135m"]},  # random weights, SmolLM2's tokenizer
         "corpora": {"austen": status["austen"]},
     }
     if not args.json:
@@ -88,6 +99,7 @@ def _info(args: argparse.Namespace) -> dict:
         yes = {True: "available", False: "missing"}
         print(f"model smollm2-135m: {yes[status['smollm2-135m']]}")
         print(f"model gpt2:         {yes[gpt2_ok]} ({gpt2_why})")
+        print(f"model gpt2-random:  {yes[status['smollm2-135m']]} (GPT-2's shapes, random weights, SmolLM2's tokenizer)")
         print(f"corpus austen:      {yes[status['austen']]}")
         if not all(status.values()):
             print("Run `python -m course fetch` to bring the missing assets.")
@@ -96,16 +108,20 @@ def _info(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- stream
 def _stream_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", choices=["auto", "gpt2", "smollm2-135m"])
+    p.add_argument("--model", default="smollm2-135m", type=model_name,
+                   help="auto, gpt2, smollm2-135m (default), gpt2-random, or a Hugging Face checkpoint")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--corpus", default="austen", help="austen (default), pg19 or wikitext")
     src.add_argument("--text-file", help="a local UTF-8 text file")
     p.add_argument("--book", default=None, help="with --corpus austen: one novel, e.g. pride_and_prejudice")
-    p.add_argument("--policy", default="streaming", choices=["full", "window", "streaming"])
-    p.add_argument("--sinks", type=non_negative_int, default=4, help="sink tokens (streaming), default 4")
-    p.add_argument("--window", type=positive_int, default=1020, help="recent tokens kept, default 1020")
+    p.add_argument("--policy", default="streaming", choices=["full", "window", "streaming", "h2o", "random"],
+                   help="the eviction policy (SnapKV compresses a prompt: see `needle`)")
+    p.add_argument("--budget", type=positive_int, default=1024,
+                   help="cache slots per KV head, pinned sinks included (default 1024; ignored by full)")
+    p.add_argument("--sinks", type=non_negative_int, default=None,
+                   help="first tokens pinned in the cache (default: 4 for streaming, else 0)")
     p.add_argument("--positions", choices=["original", "cache"], default=None,
-                   help="position rule (default: cache for streaming on RoPE models, else original)")
+                   help="position rule (default: what the model allows; cache for streaming on RoPE models)")
     p.add_argument("--tokens", type=positive_int, default=2048)
     p.add_argument("--method", choices=["auto", "exact", "decode"], default="auto",
                    help="exact chunked evaluator (default) or the token-by-token decode loop")
@@ -116,25 +132,20 @@ def _stream_args(p: argparse.ArgumentParser) -> None:
 def _stream(args: argparse.Namespace) -> dict:
     from course.data import load_text, tokenize
     from course.models import load_model
-    from course.policies import FullCache, SlidingWindow, StreamingLLM
+    from course.policies import make_policy
     from course.streaming import evaluate_stream
 
+    budget = None if args.policy == "full" else args.budget
+    make_policy(args.policy, budget, sinks=args.sinks, positions=args.positions)  # bad values: refused before loading
     model, tok = load_model(args.model, args.device, verbose=not args.json)
-    family = model.config.family
-    rule = args.positions or ("cache" if args.policy == "streaming" and family == "llama" else "original")
-    if args.policy == "full":
-        policy = FullCache()
-    elif args.policy == "window":
-        policy = SlidingWindow(args.window, rule)
-    else:
-        policy = StreamingLLM(args.sinks, args.window, rule)
+    policy = make_policy(args.policy, budget, sinks=args.sinks, positions=args.positions, model=model)
+    model.config.check_tokens(args.tokens, "--tokens")
     text = load_text(args.text_file) if args.text_file else load_text(args.corpus, args.book)
     ids = tokenize(tok, text, args.tokens, model.device)
     result = evaluate_stream(model, ids, policy, args.method, progress=not args.json)
     out = {
         "model": model.config.name, "policy": args.policy, "label": policy.label, "positions": policy.position_rule,
-        "sinks": args.sinks if args.policy == "streaming" else 0,
-        "window": None if args.policy == "full" else args.window, "tokens": result.tokens,
+        "budget": budget, "sinks": getattr(policy, "n_sink", 0), "tokens": result.tokens,
         "ppl": result.ppl(), "ppl_after_fill": result.ppl_after_fill, "max_cache_bytes": result.max_cache_bytes,
         "seconds": round(result.seconds, 3), "method": args.method, "device": str(model.device),
     }
@@ -148,10 +159,13 @@ def _stream(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- needle
 def _needle_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", choices=["auto", "gpt2", "smollm2-135m"])
+    p.add_argument("--model", default="smollm2-135m", type=model_name,
+                   help="auto, gpt2, smollm2-135m (default), gpt2-random, or a Hugging Face checkpoint")
     p.add_argument("--policy", default="snapkv", choices=["full", "window", "streaming", "h2o", "snapkv", "random"])
-    p.add_argument("--budget", type=positive_int, nargs="+", default=[128], help="cache slots per KV head (several: a sweep)")
-    p.add_argument("--sinks", type=non_negative_int, default=0, help="pin the first tokens (streaming: 4 if 0)")
+    p.add_argument("--budget", type=positive_int, nargs="+", default=[128],
+                   help="cache slots per KV head, pinned sinks included (several: a sweep)")
+    p.add_argument("--sinks", type=non_negative_int, default=None,
+                   help="first tokens pinned in the cache (default: 4 for streaming, else 0)")
     p.add_argument("--depth", type=float, default=0.3, help="where the needle sits, 0 (start) .. 1 (end)")
     p.add_argument("--context", type=positive_int, default=500, help="filler tokens around the needle")
     p.add_argument("--trials", type=positive_int, default=8)
@@ -164,10 +178,14 @@ def _needle(args: argparse.Namespace) -> dict | list:
     from course.evaluate import budget_sweep, make_needle_trials
     from course.models import load_model
 
+    from course.policies import make_policy
+
     if not 0.0 <= args.depth <= 1.0:
         raise ValueError(f"--depth must be between 0 and 1, got {args.depth}")
+    for b in args.budget:  # bad values: refused before loading
+        make_policy(args.policy, b, sinks=args.sinks)
     model, tok = load_model(args.model, args.device, verbose=not args.json)
-    trials = make_needle_trials(tok, args.trials, args.context, args.depth, args.seed)
+    trials = make_needle_trials(tok, args.trials, args.context, args.depth, args.seed, model=model)
     rows = budget_sweep(model, trials, args.policy, args.budget, args.sinks, progress=not args.json)
     for r in rows:
         r.update(model=model.config.name, depth=args.depth, trials=args.trials, prompt_tokens=int(trials[0].prompt.shape[1]))
@@ -224,7 +242,8 @@ def _train(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- bench
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", choices=["gpt2", "smollm2-135m"])
+    p.add_argument("--model", default="smollm2-135m", type=model_name,
+                   help="gpt2, smollm2-135m (default), gpt2-random, or a Hugging Face checkpoint")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes on a laptop CPU)")
     p.add_argument("--out", default="bench-results", help="folder for the tables and plots (without --json)")

@@ -15,25 +15,32 @@ carries its position, so slot order does not matter.
 Keys are stored before any rotary embedding, so the model can give cached keys new
 positions (StreamingLLM's position re-assignment, see ``rope_positions``).
 
-The memory a cache costs is 2 (K and V) x layers x kv_heads x head_dim x tokens x bytes:
-``nbytes`` reports it for the slots in use.
+The memory a cache costs is 2 (K and V) x layers x kv_heads x head_dim x tokens x bytes
+(``cache_bytes_per_token``, the one formula the course uses): ``nbytes`` reports it for the slots
+in use.
+
+The cache is the only partner of attention. A layer hands it the new tokens' keys and values
+(``update``) and gets back an ``AttentionView``: everything it attends with (keys, values, the
+positions RoPE should use, the mask, how many rows of weights the policy wants); it hands the
+weights back with ``observe``. Policies never see the model, and the model never sees the policy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # pragma: no cover
-    from course.policies import Policy
+from course.policies import FullCache, Policy
 
-__all__ = ["LayerCache", "KVCache", "SinkRotation", "cache_bytes_per_token"]
+__all__ = ["LayerCache", "KVCache", "AttentionView", "SinkRotation", "cache_bytes_per_token", "Chunks"]
+
+Chunks = Literal["prompt", "stream"]
 
 
-def cache_bytes_per_token(n_layers: int, kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
+def cache_bytes_per_token(n_layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     """Bytes one token occupies in the cache: 2 (K and V) * L * H_kv * d * bytes per number."""
     return 2 * n_layers * kv_heads * head_dim * dtype_bytes
 
@@ -55,6 +62,34 @@ class SinkRotation:
 
     query_positions: Tensor
     pinned: Tensor
+
+
+@dataclass
+class AttentionView:
+    """Everything one layer attends with, as the cache and its policy decide (``KVCache.update``).
+
+    keys, values:   [B, H_kv, S, d] every cached slot of the layer, keys *not* rotated;
+    positions:      [B, H_kv, S] the original position of each slot;
+    q_rope, k_rope: the positions RoPE rotates the queries ([B, T]) and keys ([B, H_kv, S]) by,
+                    under the policy's position rule (GPT-2, whose positions enter at the input,
+                    ignores them);
+    sink_rotation:  None, or how pinned sinks are scored in a chunk of the exact evaluator;
+    mask:           [B, H_kv, T, S] bool, True where a query may attend; None: every query sees every slot;
+    weight_rows:    how many of the last queries' attention weights the policy wants back (``observe``).
+    """
+
+    keys: Tensor
+    values: Tensor
+    positions: Tensor
+    q_rope: Tensor
+    k_rope: Tensor
+    sink_rotation: SinkRotation | None
+    mask: Tensor | None
+    weight_rows: int
+
+    def rows(self, want_weights: bool) -> int:
+        """Rows of attention weights to compute: all queries' if the caller wants them, else the policy's."""
+        return self.q_rope.shape[-1] if want_weights else self.weight_rows
 
 
 @dataclass
@@ -147,6 +182,15 @@ class KVCache:
 
     Create it with ``model.new_cache(batch, policy)``, which fills in the shapes. ``seen`` is
     the number of tokens of the stream processed so far: the next token's original position.
+
+    ``chunks`` says what a forward of several tokens at once means:
+
+    * ``"prompt"`` (default): a prompt. Every token attends causally to everything before it (full
+      attention, whatever the policy); the cache may then hold more than the budget until
+      ``compress`` cuts it back (``course.evaluate.compress_prompt`` does both).
+    * ``"stream"``: a chunk of a stream, as the exact evaluator runs it. For policies decided by
+      positions alone, each token sees exactly the keys the token-by-token decode loop would have
+      cached when it was decoded.
     """
 
     def __init__(
@@ -160,15 +204,17 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         capacity: int = 64,
+        chunks: Chunks = "prompt",
     ) -> None:
-        from course.policies import FullCache  # local import: policies imports this module
-
         if min(n_layers, batch, kv_heads, head_dim) < 1:
             raise ValueError(
                 f"KVCache needs n_layers, batch, kv_heads, head_dim >= 1, got "
                 f"{n_layers}, {batch}, {kv_heads}, {head_dim}"
             )
+        if chunks not in ("prompt", "stream"):
+            raise ValueError(f"chunks must be 'prompt' or 'stream', got {chunks!r}")
         self.policy: Policy = policy if policy is not None else FullCache()
+        self.chunks: Chunks = chunks
         if self.policy.budget is not None:
             capacity = self.policy.budget + 1
         self.shape = (n_layers, batch, kv_heads, head_dim)
@@ -183,12 +229,11 @@ class KVCache:
         ]
         self.seen = 0
 
-    # ----------------------------------------------------------------------------- writing
-    def update(self, layer_idx: int, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Store the new tokens' K/V and return everything the layer may attend to.
+    # ----------------------------------------------------------------------------- the layer's two calls
+    def update(self, layer_idx: int, k: Tensor, v: Tensor, pos: Tensor) -> AttentionView:
+        """Store the new tokens' K/V and return everything the layer attends with.
 
         k, v: [B, H_kv, T, d] (keys not yet rotated); pos: [B, T] original positions.
-        Returns keys, values [B, H_kv, S, d] and their original positions [B, H_kv, S].
 
         A single new token (decode) that finds the cache at its budget takes the slot of the
         policy's victim, so the token attends to exactly ``budget`` keys, its own included.
@@ -201,13 +246,27 @@ class KVCache:
                 f"this cache holds [batch={self.shape[1]}, kv_heads={self.shape[2]}, head_dim={self.shape[3]}] "
                 f"but layer {layer_idx} gave keys of shape {tuple(k.shape)}: was it made by another model?"
             )
+        if k.dtype != self.dtype:
+            raise ValueError(f"this cache stores {self.dtype} but the model computes {k.dtype}: make the cache "
+                             "with model.new_cache(...), which takes the model's dtype")
         budget = self.policy.budget
         if k.shape[2] == 1 and budget is not None and layer.length >= budget:
             victim = self.policy.scores(layer, self.seen).argmin(dim=-1)  # [B, H_kv]
             layer.overwrite(victim, k, v, pos)
         else:
             layer.append(k, v, pos)
-        return layer.live()
+        keys, values, k_pos = layer.live()
+        q_rope, k_rope, sinks = self._rope_positions(k_pos, pos)
+        return AttentionView(keys, values, k_pos, q_rope, k_rope, sinks, self._attention_mask(k_pos, pos),
+                             self.policy.attention_rows(k.shape[2]))
+
+    def observe(self, layer_idx: int, weights: Tensor | None) -> None:
+        """Hand a layer's attention weights ([B, H, rows, S], the last query rows) back to the policy.
+
+        Only the last ``AttentionView.weight_rows`` rows reach it; policies that read no weights get nothing."""
+        rows = self.policy.attention_rows(weights.shape[2]) if weights is not None else 0
+        if rows:
+            self.policy.observe(self.layers[layer_idx], weights[:, :, weights.shape[2] - rows :], self.seen)
 
     def advance(self, n_tokens: int) -> None:
         """Called by the model once all layers have processed ``n_tokens`` new tokens."""
@@ -224,46 +283,79 @@ class KVCache:
                 keep = scores.topk(budget, dim=-1).indices.sort(dim=-1).values
                 layer.gather(keep)
 
-    # ----------------------------------------------------------------------------- reading
-    def rope_positions(self, layer_idx: int, q_pos: Tensor) -> tuple[Tensor, Tensor, SinkRotation | None]:
+    # ----------------------------------------------------------------------------- what a layer attends with
+    def _rope_positions(self, k_pos: Tensor, q_pos: Tensor) -> tuple[Tensor, Tensor, SinkRotation | None]:
         """Positions the rotary embedding should use for the queries and the cached keys.
 
         Original rule: the true positions. Cache rule (StreamingLLM): a key's position is its
         rank among the cached keys (0..n-1) and each new query takes the rank of its own slot.
 
         One exception keeps the exact chunked evaluator exact under the cache rule: when several
-        queries beyond the budget run at once under a position-only policy, each query saw a
-        different cache. Recent keys sit at their true distance from the query in every such
-        cache; only the pinned sinks appear closer than they really are, as if the query stood
+        queries beyond the budget run at once as a stream chunk under a position-only policy, each
+        query saw a different cache. Recent keys sit at their true distance from the query in every
+        such cache; only the pinned sinks appear closer than they really are, as if the query stood
         at position ``budget - 1``. That case returns true positions plus a ``SinkRotation``.
         Returns (q_positions [B, T], k_positions [B, H_kv, S], SinkRotation or None).
         """
-        _, _, k_pos = self.layers[layer_idx].live()
         if self.policy.position_rule == "original":
             return q_pos, k_pos, None
         n, t = k_pos.shape[-1], q_pos.shape[-1]
         budget = self.policy.budget
-        if t > 1 and self.policy.is_static and budget is not None and n > budget:
+        if t > 1 and self._streamed() and budget is not None and n > budget:
             return q_pos, k_pos, SinkRotation(q_pos.clamp(max=budget - 1), self.policy.pinned(k_pos))
         ranks = k_pos.argsort(dim=-1).argsort(dim=-1)
         q_rank = torch.arange(n - t, n, device=q_pos.device).expand(q_pos.shape[0], t)
         return q_rank, ranks, None
 
-    def attention_mask(self, layer_idx: int, q_pos: Tensor) -> Tensor | None:
+    def _attention_mask(self, k_pos: Tensor, q_pos: Tensor) -> Tensor | None:
         """Which cached keys each query may see: [B, H_kv, T, S] bool, or None when all may.
 
-        Causal by original position, and, for policies whose choice depends only on positions,
-        restricted to the keys that would still be cached when that query was decoded alone.
+        Causal by original position; for a stream chunk under a policy decided by positions alone,
+        also restricted to the keys that would still be cached when that query was decoded alone.
         """
         if q_pos.shape[-1] == 1:
             return None
-        _, _, k_pos = self.layers[layer_idx].live()
         qp = q_pos[:, None, :, None]
         kp = k_pos[:, :, None, :]
         mask = kp <= qp
-        if self.policy.is_static:
+        if self._streamed():
             mask = mask & self.policy.visible(qp, kp)
         return mask
+
+    def _streamed(self) -> bool:
+        """Do chunks of several tokens stand for a stream the decode loop would have evicted from?"""
+        return self.chunks == "stream" and self.policy.is_static
+
+    # ----------------------------------------------------------------------------- set-up for measurements
+    @torch.no_grad()
+    def fill(self, keys: Tensor, values: Tensor, positions: Tensor, seen: int,
+             stats: dict[str, Tensor] | None = None) -> None:
+        """Put every layer into a given state (benchmarks: the cost of a step depends on the slots, not
+        on what they hold). keys, values: [B, H_kv, S, d]; positions: [B, S] original positions;
+        ``seen``: tokens streamed so far; stats: optional per-slot numbers of the policy, name -> [B, H_kv, S]."""
+        if any(layer.length for layer in self.layers):
+            raise ValueError("fill needs an empty cache")
+        if positions.shape[-1] and int(positions.max()) >= seen:
+            raise ValueError(f"positions must be below seen={seen}, got up to {int(positions.max())}")
+        for layer in self.layers:
+            layer.append(keys.to(self.dtype), values.to(self.dtype), positions)
+            for name, value in (stats or {}).items():
+                layer.stat(name)[:] = value
+        self.seen = seen
+
+    @torch.no_grad()
+    def rewind(self, seen: int) -> None:
+        """Forget every token from position ``seen`` on (timing one step again and again at one context).
+
+        Only for caches that never evict (no budget): their slots are in stream order."""
+        if self.policy.budget is not None or self.policy.prompt_budget is not None:
+            raise ValueError(f"rewind needs a cache that never evicts; this one runs {self.policy.label}")
+        if not 0 <= seen <= self.seen:
+            raise ValueError(f"seen must be between 0 and {self.seen}, got {seen}")
+        for layer in self.layers:
+            layer.length = int((layer.positions[0, 0, : layer.length] < seen).sum())
+            layer.positions[:, :, layer.length :] = -1
+        self.seen = seen
 
     # ----------------------------------------------------------------------------- sizes
     @property
@@ -273,10 +365,10 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of keys and values in use: 2 * L * B * H_kv * d * slots * bytes per number."""
-        elt = torch.finfo(self.dtype).bits // 8
+        """Bytes of keys and values in use (``cache_bytes_per_token`` per slot of each layer and batch row)."""
         _, b, h, d = self.shape
-        return sum(2 * b * h * d * layer.length * elt for layer in self.layers)
+        per_slot = cache_bytes_per_token(1, h, d, torch.finfo(self.dtype).bits // 8)
+        return b * per_slot * sum(layer.length for layer in self.layers)
 
     @property
     def allocated_bytes(self) -> int:

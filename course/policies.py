@@ -18,18 +18,24 @@ Each policy also states its *position rule*:
   rule, which lets a model stream far beyond the positions it was trained on.
 
 Budgets count slots per KV head, sinks included: ``StreamingLLM(4, 1020)`` keeps 1024.
+
+Build policies with ``make_policy(name, budget, sinks=..., model=...)``: given the model it picks
+the position rule its family allows and refuses what the model cannot do, so a policy it returns is
+never refused by the model's cache. Policies read the cache's per-layer slots (``LayerCache``) but
+never import the cache module at run time: the dependency runs policy -> cache -> attention.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from course.kvcache import LayerCache
+if TYPE_CHECKING:  # pragma: no cover
+    from course.kvcache import LayerCache
 
 __all__ = [
     "Policy",
@@ -102,15 +108,10 @@ class Policy:
         """Which keys are pinned sinks (bool, same shape as k_pos)."""
         return torch.zeros_like(k_pos, dtype=torch.bool)
 
-    def check_model(self, family: str) -> None:
-        """Refuse combinations a model cannot do (GPT-2 cannot re-assign positions)."""
-        if self.position_rule == "cache" and family == "gpt2":
-            raise ValueError(
-                f"{self!r} re-assigns positions inside the cache, which GPT-2 cannot do: its positions "
-                "are learned embeddings added to the input, so every cached key and value already "
-                "carries its original position and changing it would mean recomputing them. Use "
-                "positions='original' with GPT-2 (streams of at most 1024 tokens), or a RoPE model."
-            )
+    def check_model(self, config) -> None:
+        """Refuse combinations a model (its ``ModelConfig``) cannot do: GPT-2 cannot re-assign positions."""
+        if self.position_rule == "cache" and not config.reassigns_positions:
+            raise ValueError(_no_reassignment(self.label, config))
 
     @property
     def label(self) -> str:
@@ -357,35 +358,59 @@ class RandomEviction(Policy):
 POLICY_NAMES = ("full", "window", "streaming", "h2o", "snapkv", "random")
 
 
-def make_policy(
-    name: str, budget: int | None = None, *, sinks: int = 0, recent: int | None = None,
-    obs_window: int = 8, kernel: int = 7, positions: PositionRule | None = None, seed: int = 0,
-) -> Policy:
-    """Build a policy from a name and a total budget (slots per KV head), as the CLI does.
+def _no_reassignment(what: str, config) -> str:
+    return (
+        f"{what} re-assigns positions inside the cache, which {config.name} (GPT-2 family) cannot do: its positions are "
+        "learned embeddings added to the input, so every cached key and value already carries its original "
+        "position and changing it would mean recomputing them. Use positions='original' (streams of at most "
+        f"{config.max_positions} tokens), or a RoPE model."
+    )
 
-    ``sinks`` pins the first tokens for any policy (StreamingLLM pins 4 unless told otherwise).
-    H2O splits its budget half heavy hitters, half recent unless ``recent`` is given.
+
+def make_policy(
+    name: str, budget: int | None = None, *, sinks: int | None = None, model=None, recent: int | None = None,
+    obs_window: int = 8, kernel: int = 7, pooling: Literal["avg", "max"] = "max",
+    positions: PositionRule | None = None, normalize: bool = True, seed: int = 0,
+) -> Policy:
+    """The one way the course builds a policy: a name and a total budget (slots per KV head, sinks included).
+
+    * ``sinks``: first tokens pinned for any policy; StreamingLLM pins 4 unless told otherwise
+      (``sinks=0`` gives it none: a window with positions inside the cache).
+    * ``model`` (a course model or its ``ModelConfig``): picks the position rule its family allows,
+      the cache rule for StreamingLLM where positions can be re-assigned (RoPE), original positions
+      everywhere else, and refuses ``positions='cache'`` where they cannot (GPT-2).
+    * H2O splits its budget into ``budget - recent`` heavy hitters and ``recent`` recent tokens,
+      ``recent = budget // 2`` unless given; ``normalize`` picks mean (default) or raw accumulated scores.
+    * SnapKV: ``obs_window`` (at most budget - 1), ``kernel``, ``pooling``.
     """
     if name not in POLICY_NAMES:
         raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}; got {name!r}")
+    config = getattr(model, "config", model)
+    if positions is not None:
+        _check_rule(positions)
+        if positions == "cache" and config is not None and not config.reassigns_positions:
+            raise ValueError(_no_reassignment(f"policy {name!r} with positions='cache'", config))
     if name == "full":
         return FullCache()
     if budget is None:
         raise ValueError(f"policy {name!r} needs a budget (slots per KV head)")
     _check_int("budget", budget, 1)
+    n_sink = (4 if name == "streaming" else 0) if sinks is None else _check_int("sinks", sinks, 0)
+    if n_sink >= budget:
+        raise ValueError(f"budget must exceed the {n_sink} pinned sinks, got budget={budget}")
     if name == "streaming":
-        n = sinks if sinks else 4
-        if budget <= n:
-            raise ValueError(f"budget must exceed the {n} sinks, got {budget}")
-        return StreamingLLM(n, budget - n, positions or "cache")
+        can_reassign = config is None or config.reassigns_positions
+        return StreamingLLM(n_sink, budget - n_sink, positions or ("cache" if can_reassign else "original"))
     rule: PositionRule = positions or "original"
     if name == "window":
         base: Policy = SlidingWindow(budget, rule)
     elif name == "h2o":
-        r = budget // 2 if recent is None else recent
-        base = H2O(budget - r, r, rule)
+        r = budget // 2 if recent is None else _check_int("recent", recent, 0)
+        if r > budget:
+            raise ValueError(f"recent must be at most the budget ({budget}), got {r}")
+        base = H2O(budget - r, r, rule, normalize)
     elif name == "snapkv":
-        base = SnapKV(budget, min(obs_window, budget - 1), kernel, positions=rule)
+        base = SnapKV(budget, min(obs_window, budget - 1), kernel, pooling, rule)
     else:
         base = RandomEviction(budget, seed, rule)
-    return PinSinks(base, sinks) if sinks else base
+    return PinSinks(base, n_sink) if n_sink else base

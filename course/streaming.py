@@ -78,12 +78,20 @@ class StreamResult:
         }
 
 
-def _check_ids(ids: Tensor) -> Tensor:
+def _as_batch(ids: Tensor) -> Tensor:
+    """[B, T] ids with T >= 2 (a [T] stream gets a batch dimension)."""
     if ids.dim() == 1:
         ids = ids[None]
     if ids.dim() != 2 or ids.shape[1] < 2:
         raise ValueError(f"ids must be [batch, tokens] with at least 2 tokens, got shape {tuple(ids.shape)}")
     return ids
+
+
+def _check_ids(ids: Tensor, model: CausalLM, what: str) -> Tensor:
+    """[B, T] ids that fit the model's positions (refused before any work otherwise), on its device."""
+    ids = _as_batch(ids)
+    model.config.check_tokens(ids.shape[1], what)
+    return ids.to(model.device)
 
 
 def _fill_index(policy: Policy, n_tokens: int) -> int | None:
@@ -111,7 +119,7 @@ def decode_stream(model: CausalLM, ids: Tensor, policy: Policy | None = None, pr
     """Decode ``ids`` ([B, T] or [T]) one token at a time through a cache managed by ``policy``.
 
     ``inspect(cache)``, if given, is called on the final cache; its dict goes to ``result.extra``."""
-    ids = _check_ids(ids).to(model.device)
+    ids = _check_ids(ids, model, "decode_stream")
     policy = policy or FullCache()
     cache = model.new_cache(ids.shape[0], policy)
     n = ids.shape[1]
@@ -137,13 +145,13 @@ def exact_stream(
 
     Only for policies decided by positions alone (``policy.is_static``: full, window, sinks + window).
     """
-    ids = _check_ids(ids).to(model.device)
+    ids = _check_ids(ids, model, "exact_stream")
     policy = policy or FullCache()
     if not policy.is_static:
         raise ValueError(f"exact_stream needs a policy decided by positions alone; {policy.label} is not: use decode_stream")
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    cache = model.new_cache(ids.shape[0], policy)
+    cache = model.new_cache(ids.shape[0], policy, chunks="stream")
     n = ids.shape[1]
     pieces, sizes = [], []
     start = time.perf_counter()
@@ -174,15 +182,17 @@ def recompute_stream(
 ) -> StreamResult:
     """Dense sliding-window recomputation: token t is predicted by a fresh forward over the last
     ``window`` tokens (t-window+1 .. t) at positions 0..window-1. ``batch`` windows run at once.
+    The stream may be longer than the model's positions (each window restarts at 0); the window may not.
 
     Predictions before the window fills come from one causal forward over the prefix (that is
     what a fresh forward would give). ``start`` skips the predictions before it (for timing).
     """
-    ids = _check_ids(ids).to(model.device)
+    ids = _as_batch(ids).to(model.device)
     if ids.shape[0] != 1:
         raise ValueError("recompute_stream takes a single stream (batch dimension 1)")
     if window < 1 or batch < 1:
         raise ValueError(f"window and batch must be >= 1, got window={window}, batch={batch}")
+    model.config.check_tokens(window, "recompute_stream's window")  # each window restarts at position 0
     n = ids.shape[1]
     nll = torch.zeros(1, n - 1, device=ids.device, dtype=torch.promote_types(model.dtype, torch.float32))
     t0 = time.perf_counter()
@@ -199,8 +209,7 @@ def recompute_stream(
             nll[0, b0 : b0 + len(ts)] = next_token_nll(logits, ids[0, b0 + 1 : b0 + 1 + len(ts), None])[:, 0]
             bar.update(len(ts))
     synchronize(ids.device)
-    per_token = model.config.cache_bytes_per_token(torch.finfo(model.dtype).bits // 8)
-    sizes = [per_token * min(t + 1, window) for t in range(n - 1)]
+    sizes = [model.cache_bytes_per_token * min(t + 1, window) for t in range(n - 1)]
     fill = window if window < n else None
     return StreamResult(f"recompute({window})", nll.cpu(), sizes, time.perf_counter() - t0, fill)
 

@@ -54,19 +54,17 @@ def decode_cost_vs_context(model: CausalLM, ids: torch.Tensor, contexts: list[in
     """
     if max(contexts) + 1 > ids.shape[1]:
         raise ValueError(f"ids has {ids.shape[1]} tokens; contexts up to {max(contexts)} need {max(contexts) + 1}")
+    model.config.check_tokens(max(contexts) + 1, f"decoding after a context of {max(contexts)} tokens")
     out: dict[str, list] = {"context": [], "cached": [], "recompute": []}
     dev = model.device
     for t in contexts:
         cache = model.new_cache(1)
         model(ids[:, :t], cache=cache)
-        base_layers = [(layer.length) for layer in cache.layers]
         nxt = ids[:, t : t + 1]
 
         def cached_step() -> None:
             model(nxt, cache=cache)
-            for layer, n in zip(cache.layers, base_layers):  # undo the step: keep the context at T
-                layer.length = n
-            cache.seen = t
+            cache.rewind(t)  # undo the step: keep the context at T
 
         med = alternate({"cached": cached_step, "recompute": lambda: model(ids[:, : t + 1])}, reps, 1, dev)
         out["context"].append(t)
@@ -84,14 +82,14 @@ def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, wind
     recompute: a fresh forward over the last ``n_sink + window`` tokens (the paper's baseline).
     ``ids`` needs at least n_sink + window + reps * steps + steps + 1 tokens.
     """
-    from course.policies import StreamingLLM
+    from course.policies import make_policy
 
     budget = n_sink + window
     need = budget + (reps + 2) * steps + 1
     if ids.shape[1] < need:
         raise ValueError(f"ids has {ids.shape[1]} tokens; this measurement needs {need}")
-    policy = StreamingLLM(n_sink, window, "cache" if model.config.family == "llama" else "original")
-    cache = model.new_cache(1, policy)
+    model.config.check_tokens(need, f"timing a {budget}-token cache")
+    cache = model.new_cache(1, make_policy("streaming", budget, sinks=n_sink, model=model))
     model(ids[:, :budget], cache=cache)
     t = {"next": budget}
 

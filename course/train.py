@@ -38,7 +38,7 @@ from torch import Tensor
 from course.assets import cache_dir
 from course.models import build_model
 from course.models.base import CausalLM, ModelConfig
-from course.policies import StreamingLLM
+from course.policies import make_policy
 from course.progress import progress_bar
 from course.streaming import exact_stream
 
@@ -215,15 +215,6 @@ class TrainRun:
         return prepend_sink(x, self.sink_id) if self.n_prefix else x
 
 
-def init_weights(model: CausalLM, n_layer: int) -> None:
-    """GPT-2-style initialisation: N(0, 0.02) everywhere, output projections scaled by 1/sqrt(2 L)."""
-    for name, p in model.named_parameters():
-        if p.dim() >= 2:
-            residual_out = name.endswith(("attn.o.weight", "mlp.down.weight", "attn.out.weight", "mlp.proj.weight"))
-            std = 0.02 / math.sqrt(2 * n_layer) if residual_out else 0.02
-            torch.nn.init.normal_(p, 0.0, std)
-
-
 def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2 and "emb" not in n]
     rest = [p for n, p in model.named_parameters() if p.requires_grad and not (p.dim() >= 2 and "emb" not in n)]
@@ -253,7 +244,7 @@ def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool =
 
     torch.manual_seed(cfg.seed)
     model = build_model(model_config(cfg, task.vocab))
-    init_weights(model, cfg.n_layer)
+    model.init_weights()
     model.to(device)
     run = TrainRun(cfg, model, path=path)
     opt = _optimizer(model, cfg)
@@ -323,12 +314,11 @@ def window_losses(run: TrainRun, x: Tensor, windows: list[int], sinks: list[int]
     inputs = run.inputs(x)
     n_prefix = run.n_prefix
     full = lm_loss(run.model(inputs).logits, inputs, n_prefix).item()
-    rule = "cache" if run.model.config.family == "llama" else "original"
     table: dict[int, dict[int, float]] = {}
     for w in windows:
         table[w] = {}
         for k in sinks:
-            r = exact_stream(run.model, inputs, StreamingLLM(k, w, positions=rule), progress=False)
+            r = exact_stream(run.model, inputs, make_policy("streaming", k + w, sinks=k, model=run.model), progress=False)
             table[w][k] = r.nll[:, max(n_prefix, 1) - 1 :].mean().item()
     return {"full": full, "windows": table}
 

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from course import plots
 from course.attention import sink_mass, uniform_mass
+from course.evaluate import compress_prompt
 from course.kvcache import KVCache
 from course.models.base import CausalLM
 from course.policies import POLICY_NAMES, Policy, make_policy
@@ -149,16 +150,15 @@ def sinks_range(policy_name: str) -> tuple[int, int] | None:
     return (1 if policy_name == "streaming" else 0), MAX_SINKS
 
 
-def explorer_policy(policy_name: str, budget: int, sinks: int, family: str = "llama") -> Policy:
-    """The policy behind one setting of the cache explorer (see the table in the module docstring).
-
-    GPT-2 keeps original positions (it cannot re-assign them); RoPE models use each policy's default."""
+def explorer_policy(policy_name: str, budget: int, sinks: int, model=None) -> Policy:
+    """The policy behind one setting of the cache explorer (see the table in the module docstring),
+    built by ``make_policy`` for ``model`` (a model or its config: it picks the position rule)."""
     allowed = sinks_range(policy_name)
     if allowed is None and sinks != 0:
         raise ValueError(f"sinks must be 0 for 'window' (a window with pinned sinks is 'streaming'), got {sinks}")
     if allowed is not None and not allowed[0] <= sinks <= allowed[1]:
         raise ValueError(f"sinks must be between {allowed[0]} and {allowed[1]} for {policy_name!r}, got {sinks}")
-    return make_policy(policy_name, budget, sinks=sinks, positions="original" if family == "gpt2" else None)
+    return make_policy(policy_name, budget, sinks=sinks, model=model)
 
 
 @dataclass(frozen=True)
@@ -197,9 +197,7 @@ def _static_positions(model: CausalLM, policy: Policy, n_tokens: int) -> Tensor:
 @torch.inference_mode()
 def _prompt_run(model: CausalLM, ids: Tensor, policy: Policy) -> CacheRun:
     """Compress-once policies: the text but its last token is the prompt (full attention), then compressed."""
-    cache = model.new_cache(1, policy)
-    logits = model(ids[:, :-1].to(model.device), cache=cache).logits
-    cache.compress()
+    cache, logits = compress_prompt(model, ids[:, :-1], policy)
     nll = next_token_nll(logits, ids[:, 1:].to(model.device))  # as the stream evaluators compute it
     ppl = math.exp(nll.double().mean().item())
     positions = _sorted(_final_positions(cache)["positions"])
@@ -295,7 +293,7 @@ def cache_view(model: CausalLM, tokenizer, ids: Tensor, policy_name: str, budget
     key = (policy_name, budget, sinks)
     run = memo.get(key) if memo is not None else None
     if run is None:
-        run = run_policy(model, ids, explorer_policy(policy_name, budget, sinks, model.config.family))
+        run = run_policy(model, ids, explorer_policy(policy_name, budget, sinks, model))
         if memo is not None:
             memo[key] = run
     return CacheView(run, token_strings(tokenizer, ids), layer, kv_head)

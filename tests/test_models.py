@@ -6,28 +6,50 @@ import contextlib
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
-from course.models import from_transformers, gpt2_available, load_model
+from course.models import config_from_hf, from_transformers, gpt2_available, load_model
 from course.models.attend import attend
 
 from .conftest import tiny_model
 
 
-def random_hf(family: str):
+LLAMA_LIKE = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def random_hf(arch: str):
+    """A small random transformers model of each architecture the course loads."""
     torch.manual_seed(0)
-    if family == "gpt2":
-        cfg = GPT2Config(vocab_size=101, n_positions=128, n_embd=64, n_layer=3, n_head=4)
-        return GPT2LMHeadModel(cfg).eval()
-    cfg = LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg).eval()
+    if arch == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(vocab_size=101, n_positions=128, n_embd=64, n_layer=3, n_head=4)).eval()
+    if arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(**LLAMA_LIKE, rope_parameters=ROPE)).eval()
+    if arch == "mistral":
+        return MistralForCausalLM(MistralConfig(**LLAMA_LIKE, rope_parameters=ROPE, sliding_window=None)).eval()
+    hf = Qwen2ForCausalLM(Qwen2Config(**LLAMA_LIKE, rope_parameters=ROPE, use_sliding_window=False)).eval()
+    with torch.no_grad():  # non-zero query/key/value biases, so that the parity test sees them
+        for name, p in hf.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    return hf
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral", "qwen2"])
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
-def test_random_model_parity_with_transformers(family, impl):
-    hf = random_hf(family)
+def test_random_model_parity_with_transformers(arch, impl):
+    family = arch
+    hf = random_hf(arch)
     hf.config._attn_implementation = impl
     model = from_transformers(hf)
     ids = torch.randint(0, 101, (2, 40))
@@ -109,8 +131,42 @@ def test_attention_weights_are_returned_and_normalised(family):
 
 # ----------------------------------------------------------------------------- bad input
 def test_unknown_model_name():
-    with pytest.raises(ValueError, match="model must be one of"):
+    with pytest.raises(ValueError, match="model must be one of .*gpt2-random, or a Hugging Face checkpoint"):
         load_model("gpt-5")
+
+
+@pytest.mark.parametrize("config, message", [
+    (LlamaConfig(**LLAMA_LIKE, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                 "original_max_position_embeddings": 64}),
+     "RoPE scaling 'llama3' is not implemented"),
+    (LlamaConfig(**LLAMA_LIKE, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}),
+     "RoPE scaling 'linear' is not implemented"),
+    (LlamaConfig(**LLAMA_LIKE, rope_parameters=ROPE, attention_bias=True), "attention_bias/mlp_bias"),
+    (MistralConfig(**LLAMA_LIKE, rope_parameters=ROPE, sliding_window=32), "sliding_window=32 is not implemented"),
+    (GPT2Config(n_layer=1).to_dict() | {"model_type": "bert"}, "model_type 'bert' is not supported"),
+])
+def test_unsupported_checkpoints_are_refused_by_name(config, message):
+    if isinstance(config, dict):
+        config = type("Config", (), config)()
+    with pytest.raises(ValueError, match=message):
+        config_from_hf(config)
+
+
+def test_gpt2_random_has_gpt2_shapes_and_no_sink():
+    from course.attention import attention_maps, sink_mass, uniform_mass
+
+    model, tok = load_model("gpt2-random", "cpu")
+    c = model.config
+    assert (c.family, c.n_layer, c.n_head, c.d_model, c.max_positions, c.random_weights) == ("gpt2", 12, 12, 768, 1024, True)
+    assert 120e6 < sum(p.numel() for p in model.parameters()) < 130e6  # GPT-2 small (with SmolLM2's vocabulary)
+    assert model.blocks[0].attn.qkv.bias is not None and not c.reassigns_positions
+    again, _ = load_model("gpt2-random", "cpu")
+    assert torch.equal(model.tok_emb.weight, again.tok_emb.weight), "the random weights are seeded"
+    ids = tok("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be "
+              "in want of a wife.", return_tensors="pt").input_ids
+    mass = sink_mass(attention_maps(model, ids), k=1)
+    assert mass.mean() < 3 * uniform_mass(ids.shape[1], k=1), "an untrained model has no attention sink"
 
 
 def test_gpt2_positions_beyond_table():

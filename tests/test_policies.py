@@ -18,6 +18,7 @@ from course.policies import (
     SnapKV,
     StreamingLLM,
     group_mean,
+    POLICY_NAMES,
     make_policy,
 )
 
@@ -90,9 +91,51 @@ def test_cache_bytes_formula():
 
 def test_gpt2_refuses_position_reassignment():
     model = tiny_model("gpt2")
-    with pytest.raises(ValueError, match="GPT-2 cannot do"):
+    with pytest.raises(ValueError, match=r"\(GPT-2 family\) cannot do"):
         model.new_cache(1, StreamingLLM(4, 10))
     model.new_cache(1, StreamingLLM(4, 10, positions="original"))  # fine
+    with pytest.raises(ValueError, match=r"positions='cache'.*\(GPT-2 family\) cannot do"):
+        make_policy("h2o", 16, positions="cache", model=model)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+@pytest.mark.parametrize("sinks", [None, 0, 2])
+@pytest.mark.parametrize("positions", [None, "original", "cache"])
+def test_make_policy_with_a_model_never_yields_a_policy_its_cache_refuses(family, name, sinks, positions):
+    model = tiny_model(family)
+    try:
+        policy = make_policy(name, 12, sinks=sinks, positions=positions, model=model)
+    except ValueError as e:  # refused up front, with the reason: only the impossible request
+        assert family == "gpt2" and positions == "cache" and "cannot do" in str(e)
+        return
+    cache = model.new_cache(2, policy)  # never refused by the cache
+    with torch.no_grad():
+        model(torch.randint(0, 97, (2, 20)), cache=cache)
+        cache.compress()
+        for _ in range(4):
+            model(torch.randint(0, 97, (2, 1)), cache=cache)
+    if positions is None and name == "streaming":
+        assert policy.position_rule == ("cache" if family == "llama" else "original")
+    if policy.budget is not None:
+        assert cache.n_slots <= policy.budget
+
+
+def test_make_policy_splits_and_defaults_in_one_place():
+    assert make_policy("h2o", 11).label == "h2o(6+5)"  # heavy = budget - budget // 2, recent = budget // 2
+    assert make_policy("h2o", 11, recent=3, normalize=False).label == "h2o(8+3, raw sums)"
+    assert make_policy("streaming", 64).label == "streaming(4+60)"
+    assert make_policy("streaming", 64, sinks=0).label == "streaming(0+64)"
+    assert make_policy("window", 64, sinks=2).label == "window(64)+2 sinks"
+    assert make_policy("snapkv", 6).obs_window == 5
+
+
+def test_policies_do_not_import_the_cache_at_run_time():
+    import subprocess
+    import sys
+
+    code = "import sys, course.policies; print('course.kvcache' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 @pytest.mark.parametrize("bad", [
@@ -100,6 +143,7 @@ def test_gpt2_refuses_position_reassignment():
     lambda: SnapKV(8, obs_window=8), lambda: SnapKV(16, kernel=4), lambda: SnapKV(16, pooling="median"),
     lambda: PinSinks(SlidingWindow(4), 4), lambda: SlidingWindow(8, positions="absolute"),
     lambda: make_policy("lru", 10), lambda: make_policy("window"), lambda: make_policy("streaming", 4),
+    lambda: make_policy("h2o", 8, recent=9), lambda: make_policy("window", 8, positions="absolute"),
 ])
 def test_bad_policy_parameters_are_refused(bad):
     with pytest.raises(ValueError, match="must|one of|needs|exceed"):

@@ -148,7 +148,8 @@ def test_h2o_and_snapkv_keep_a_budget_per_head_with_their_protected_tokens(tiny)
 
 def test_explorer_policies_and_their_errors():
     assert explorer_policy("streaming", 32, 2).label == "streaming(2+30)"
-    assert explorer_policy("streaming", 32, 2, family="gpt2").position_rule == "original"
+    assert explorer_policy("streaming", 32, 2, model=tiny_model("gpt2")).position_rule == "original"
+    assert explorer_policy("streaming", 32, 2, model=tiny_model("llama")).position_rule == "cache"
     assert explorer_policy("h2o", 32, 4).label == "h2o(16+16)+4 sinks"
     with pytest.raises(ValueError, match="sinks must be 0 for 'window'"):
         explorer_policy("window", 32, 2)

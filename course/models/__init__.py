@@ -4,8 +4,11 @@
     model, tokenizer = load_model("smollm2-135m", device="cpu")
 
 Names: ``gpt2`` (124M, learned positions; Hugging Face hub), ``smollm2-135m`` (Llama family,
-RoPE + GQA; offline from the course cache, see ``course.assets``), and ``auto``: gpt2 when
-it is cached or the hub is reachable, else smollm2-135m.
+RoPE + GQA; offline from the course cache, see ``course.assets``), ``gpt2-random`` (GPT-2's
+architecture and shapes with random weights, offline: the course checks its GPT-2 code paths on it),
+and ``auto``: gpt2 when it is cached or the hub is reachable, else smollm2-135m. Any other name is a
+Hugging Face checkpoint (hub id or local folder) of a supported architecture: GPT-2, Llama, Mistral
+or Qwen2 (e.g. ``meta-llama/Llama-2-7b-hf`` on a GPU, to compare with the papers' numbers).
 """
 
 from __future__ import annotations
@@ -15,16 +18,16 @@ import os
 import torch
 from torch import nn
 
+from course.model_names import MODEL_NAMES, check_model_name
 from course.models.base import CausalLM, ModelConfig, ModelOutput
 from course.models.gpt2 import GPT2
 from course.models.llama import Llama
 
 __all__ = [
-    "CausalLM", "ModelConfig", "ModelOutput", "GPT2", "Llama", "MODEL_NAMES",
+    "CausalLM", "ModelConfig", "ModelOutput", "GPT2", "Llama", "MODEL_NAMES", "gpt2_random",
     "load_model", "load_hf_model", "from_transformers", "config_from_hf", "build_model", "resolve_device",
 ]
 
-MODEL_NAMES = ("auto", "gpt2", "smollm2-135m")
 GPT2_HUB_ID = "openai-community/gpt2"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -44,8 +47,21 @@ def build_model(cfg: ModelConfig) -> CausalLM:
     return GPT2(cfg) if cfg.family == "gpt2" else Llama(cfg)
 
 
+def _rope_theta(hf_config) -> float:
+    """RoPE's base; refuses the RoPE scaling variants the course does not implement, by name."""
+    rope = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise ValueError(f"RoPE scaling {kind!r} is not implemented by the course's Llama (only plain RoPE, "
+                         "rope_type 'default'); pick a checkpoint without rope scaling")
+    return float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+
+
 def config_from_hf(hf_config, name: str = "model") -> ModelConfig:
-    """Translate a transformers GPT2Config or LlamaConfig into a course ``ModelConfig``."""
+    """Translate a transformers config (GPT-2, Llama, Mistral, Qwen2) into a course ``ModelConfig``.
+
+    Refuses, with the reason, what the course's models do not implement: RoPE scaling, attention or
+    MLP biases beyond Qwen2's query/key/value biases, and sliding-window attention layers."""
     mt = hf_config.model_type
     if mt == "gpt2":
         d = hf_config.n_embd
@@ -56,21 +72,27 @@ def config_from_hf(hf_config, name: str = "model") -> ModelConfig:
             norm_eps=hf_config.layer_norm_epsilon, tie_embeddings=True, name=name,
         )
     if mt in ("llama", "mistral", "qwen2"):
-        rope = getattr(hf_config, "rope_parameters", None) or {}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported by the course's Llama")
+        theta = _rope_theta(hf_config)
         if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
-            raise ValueError("the course's Llama has no biases in attention or MLP")
+            raise ValueError(f"{mt} with attention_bias/mlp_bias is not implemented: the course's Llama has "
+                             "no biases in attention or MLP (only Qwen2's query/key/value biases)")
+        window = getattr(hf_config, "sliding_window", None)
+        if mt == "qwen2" and not getattr(hf_config, "use_sliding_window", False):
+            window = None
+        if window is not None and window < hf_config.max_position_embeddings:
+            raise ValueError(f"{mt} with sliding_window={window} is not implemented: the course's Llama attends "
+                             "to its whole cache (its policies decide what it holds)")
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         return ModelConfig(
             family="llama", vocab_size=hf_config.vocab_size, n_layer=hf_config.num_hidden_layers, n_head=heads,
             n_kv_head=hf_config.num_key_value_heads, d_model=hf_config.hidden_size, head_dim=head_dim,
             d_ff=hf_config.intermediate_size, max_positions=hf_config.max_position_embeddings,
-            norm_eps=hf_config.rms_norm_eps, rope_theta=float(rope.get("rope_theta", 10000.0)),
-            tie_embeddings=bool(hf_config.tie_word_embeddings), name=name,
+            norm_eps=hf_config.rms_norm_eps, rope_theta=theta, tie_embeddings=bool(hf_config.tie_word_embeddings),
+            qkv_bias=mt == "qwen2", name=name,
         )
-    raise ValueError(f"model_type {mt!r} is not supported: the course has GPT-2 and Llama-family models")
+    raise ValueError(f"model_type {mt!r} is not supported: the course has GPT-2 and Llama-family models "
+                     "(llama, mistral, qwen2)")
 
 
 def _gpt2_weights(sd: dict, cfg: ModelConfig) -> dict:
@@ -100,6 +122,9 @@ def _llama_weights(sd: dict, cfg: ModelConfig) -> dict:
                  "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.up", "mlp.down_proj": "mlp.down"}
         for a, b in pairs.items():
             out[f"{dst}{b}.weight"] = sd[f"{src}{a}.weight"]
+        if cfg.qkv_bias:
+            for a, b in (("self_attn.q_proj", "attn.q"), ("self_attn.k_proj", "attn.k"), ("self_attn.v_proj", "attn.v")):
+                out[f"{dst}{b}.bias"] = sd[f"{src}{a}.bias"]
     return out
 
 
@@ -142,9 +167,10 @@ def gpt2_available() -> tuple[bool, str]:
 
 
 def load_hf_model(name: str, dtype: torch.dtype = torch.float32, attn: str = "eager"):
-    """The transformers model and tokenizer behind a course model name (parity checks: ``attn="eager"``;
-    speed comparisons: ``attn="sdpa"``)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The transformers model and tokenizer behind a course model name or a hub checkpoint (parity checks:
+    ``attn="eager"``; speed comparisons: ``attn="sdpa"``). A checkpoint's config is checked before its
+    weights are downloaded."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from course import assets
 
@@ -159,29 +185,54 @@ def load_hf_model(name: str, dtype: torch.dtype = torch.float32, attn: str = "ea
             src = str(assets.require("smollm2-135m"))
         else:  # online and not fetched: the original weights from the hub
             src = SMOLLM2_HUB_ID
+    elif name in MODEL_NAMES:
+        raise ValueError(f"{name!r} has no transformers counterpart; load it with load_model({name!r})")
     else:
-        raise ValueError(f"model must be one of {', '.join(MODEL_NAMES)}; got {name!r}")
+        src = name
     try:
+        if name not in MODEL_NAMES:
+            config_from_hf(AutoConfig.from_pretrained(src), name)  # refuse an unsupported model before the download
         tok = AutoTokenizer.from_pretrained(src)
         hf = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation=attn)
     except OSError as e:
-        hint = ("run `python -m course fetch` for the offline copy" if name == "smollm2-135m"
-                else "gpt2 comes from the Hugging Face hub only; offline, use model='smollm2-135m'")
+        hint = {"smollm2-135m": "run `python -m course fetch` for the offline copy",
+                "gpt2": "gpt2 comes from the Hugging Face hub only; offline, use model='smollm2-135m'"}.get(
+            name, f"model must be one of {', '.join(MODEL_NAMES)}, or a Hugging Face checkpoint (hub id or folder) "
+                  "of a GPT-2, Llama, Mistral or Qwen2 model")
         raise assets.AssetMissing(f"cannot load {name} from {src}: {e}\n{hint}") from e
     return hf.eval(), tok
 
 
+def gpt2_random(seed: int = 0):
+    """GPT-2 small's architecture and shapes (12 layers, 12 heads, width 768, 1024 learned positions,
+    LayerNorm, biases) with random weights (GPT-2's initialisation), and SmolLM2's tokenizer (GPT-2's own is
+    on the hub only). Untrained: it has no attention sink. Returns (model, tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from course import assets
+
+    tok = AutoTokenizer.from_pretrained(str(assets.require("smollm2-135m")))
+    cfg = ModelConfig(family="gpt2", vocab_size=len(tok), n_layer=12, n_head=12, n_kv_head=12, d_model=768,
+                      head_dim=64, d_ff=3072, max_positions=1024, norm_eps=1e-5, name="gpt2-random",
+                      random_weights=True)
+    return build_model(cfg).init_weights(seed).eval(), tok
+
+
 def load_model(name: str = "auto", device: str | torch.device = "auto", dtype: torch.dtype = torch.float32,
                verbose: bool = True):
-    """Load a course model and its tokenizer: ``model, tokenizer = load_model("smollm2-135m")``."""
-    if name not in MODEL_NAMES:
-        raise ValueError(f"model must be one of {', '.join(MODEL_NAMES)}; got {name!r}")
+    """Load a course model and its tokenizer: ``model, tokenizer = load_model("smollm2-135m")``.
+
+    ``name``: one of ``MODEL_NAMES`` or a Hugging Face checkpoint of a supported architecture."""
+    check_model_name(name)
     dev = resolve_device(device)
     if name == "auto":
         ok, why = gpt2_available()
         name = "gpt2" if ok else "smollm2-135m"
         if verbose:
             print(f"model='auto' picked {name} (gpt2 {why})")
+    if name == "gpt2-random":
+        model, tok = gpt2_random()
+        return model.to(dev, dtype), tok
     hf, tok = load_hf_model(name, dtype)
     model = from_transformers(hf, name).to(dev)
     del hf

@@ -18,16 +18,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-if TYPE_CHECKING:  # pragma: no cover
-    from course.kvcache import KVCache
-
-__all__ = ["attend", "attend_cached", "attention_weights", "reference_mode"]
+__all__ = ["attend", "attention_weights", "reference_mode"]
 
 
 _REFERENCE = False
@@ -124,23 +120,3 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | N
         real = mask.expand(b, h, t, s) if mask is not None else q.new_zeros(b, h, t, s)
         mask = torch.cat([real, sink_logit.to(q.dtype).view(1, h, 1, 1).expand(b, h, t, 1)], dim=-1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=kv != h)
-
-
-def attend_cached(
-    cache: KVCache, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, want_weights: bool,
-    *, scale: float | None = None, sink_logit: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """Attend from new queries to everything a layer's cache holds, as its policy allows.
-
-    q: [B, H, T, d] (positioned); k, v: [B, H_kv, S, d] all cached slots (positioned);
-    q_pos: [B, T] original positions. Hands the weights to policies that read them (H2O,
-    SnapKV). Returns the output [B, H, T, d] and, if ``want_weights``, weights [B, H, T, S].
-    """
-    t = q.shape[2]
-    policy_rows = cache.policy.attention_rows(t)
-    rows = t if want_weights else policy_rows
-    mask = cache.attention_mask(layer_idx, q_pos)
-    y, w = attend(q, k, v, mask, scale=scale, weight_rows=rows, sink_logit=sink_logit)
-    if policy_rows:
-        cache.policy.observe(cache.layers[layer_idx], w[:, :, w.shape[2] - policy_rows :], cache.seen)
-    return y, (w if want_weights else None)

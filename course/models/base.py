@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from course.kvcache import KVCache
+from course.kvcache import Chunks, KVCache, cache_bytes_per_token
 from course.policies import Policy
 
 __all__ = ["ModelConfig", "ModelOutput", "Block", "CausalLM"]
@@ -33,13 +34,42 @@ class ModelConfig:
     sink_logit: Literal["none", "learned", "zero"] = "none"  # a per-head logit of an empty slot
     qkv_bias: bool = False  # Llama only: biases on the query/key/value projections (as Qwen2)
     name: str = "model"
+    random_weights: bool = False  # an untrained model: the course checks mechanics on it, not claims
 
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def cache_bytes_per_token(self, dtype_bytes: int = 4) -> int:
-        """2 (K and V) * layers * KV heads * head_dim * bytes per number."""
-        return 2 * self.n_layer * self.n_kv_head * self.head_dim * dtype_bytes
+    # The rules that follow from the family, decided here and nowhere else.
+    @property
+    def reassigns_positions(self) -> bool:
+        """Can a cached token be given a new position? Yes with RoPE (positions enter inside attention);
+        no with GPT-2's learned positions (added to the input, so baked into every cached K/V)."""
+        return self.family == "llama"
+
+    @property
+    def max_stream_tokens(self) -> int | None:
+        """The most tokens one stream may have: GPT-2 has no position beyond its table; a RoPE model has
+        no hard limit (past ``max_positions`` it leaves its trained context, which is the lesson of notebook 03)."""
+        return None if self.reassigns_positions else self.max_positions
+
+    def check_tokens(self, n_tokens: int, what: str = "this run") -> int:
+        """Refuse, before any work, a run that needs more positions than the model has; return n_tokens."""
+        limit = self.max_stream_tokens
+        if limit is not None and n_tokens > limit:
+            raise ValueError(
+                f"{what} needs {n_tokens} token positions but {self.name} has {limit} (learned positions "
+                f"0..{limit - 1}): use at most {limit} tokens, or a RoPE model to go further"
+            )
+        return n_tokens
+
+    def clip_tokens(self, n_tokens: int) -> int:
+        """``n_tokens``, or the model's position limit if that is smaller (sizes in the notebooks)."""
+        limit = self.max_stream_tokens
+        return n_tokens if limit is None else min(n_tokens, limit)
+
+    def cache_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Bytes one token takes in this model's cache (``course.kvcache.cache_bytes_per_token``)."""
+        return cache_bytes_per_token(self.n_layer, self.n_kv_head, self.head_dim, dtype_bytes)
 
 
 @dataclass
@@ -78,12 +108,37 @@ class CausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
 
-    def new_cache(self, batch: int = 1, policy: Policy | None = None) -> KVCache:
-        """An empty cache shaped for this model, managed by ``policy`` (default: keep everything)."""
+    def new_cache(self, batch: int = 1, policy: Policy | None = None, chunks: Chunks = "prompt") -> KVCache:
+        """An empty cache shaped for this model, managed by ``policy`` (default: keep everything).
+
+        ``chunks``: what a forward of several tokens means, ``"prompt"`` (full attention, then
+        ``compress``) or ``"stream"`` (the exact evaluator); see ``KVCache``."""
         if policy is not None:
-            policy.check_model(self.config.family)
+            policy.check_model(self.config)
         c = self.config
-        return KVCache(c.n_layer, batch, c.n_kv_head, c.head_dim, policy=policy, dtype=self.dtype, device=self.device)
+        return KVCache(c.n_layer, batch, c.n_kv_head, c.head_dim, policy=policy, dtype=self.dtype, device=self.device,
+                       chunks=chunks)
+
+    @property
+    def cache_bytes_per_token(self) -> int:
+        """Bytes one token takes in this model's cache, at the model's dtype."""
+        return self.config.cache_bytes_per_token(torch.finfo(self.dtype).bits // 8)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> CausalLM:
+        """GPT-2's initialisation (Radford et al. 2019): N(0, 0.02) for every matrix, the residual output
+        projections scaled by 1/sqrt(2 L); vectors (norms, biases) keep their defaults. With ``seed``, the
+        global generator is left as it was."""
+        with torch.random.fork_rng(enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            for name, p in self.named_parameters():
+                if p.dim() >= 2:
+                    residual_out = name.endswith(("attn.o.weight", "mlp.down.weight", "attn.out.weight",
+                                                  "mlp.proj.weight"))
+                    std = 0.02 / math.sqrt(2 * self.config.n_layer) if residual_out else 0.02
+                    torch.nn.init.normal_(p, 0.0, std)
+        return self
 
     def _inputs(self, ids: Tensor, positions: Tensor | None, cache: KVCache | None) -> tuple[Tensor, int]:
         """Check ids/cache; return positions as [B, T] long and the largest position."""

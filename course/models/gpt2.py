@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from course.kvcache import KVCache
-from course.models.attend import attend, attend_cached
+from course.models.attend import attend
 from course.models.base import Block, CausalLM, ModelConfig
 
 __all__ = ["GPT2"]
@@ -54,9 +54,13 @@ class Attention(nn.Module):
         if cache is None:  # a plain forward over the whole sequence: causal attention
             k_pos = pos[:, None, :].expand(b, h, t)
             y, w = attend(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0, sink_logit=self.sink_logit)
-        else:
-            k, v, k_pos = cache.update(self.layer_idx, k, v, pos)  # [B, H, S, d], positions [B, H, S]
-            y, w = attend_cached(cache, self.layer_idx, q, k, v, pos, want_weights, sink_logit=self.sink_logit)
+        else:  # the cache hands back every slot it holds, with the mask its policy implies
+            view = cache.update(self.layer_idx, k, v, pos)  # positions are in the embeddings: no rotation
+            k_pos = view.positions
+            y, w = attend(q, view.keys, view.values, view.mask, weight_rows=view.rows(want_weights),
+                          sink_logit=self.sink_logit)
+            cache.observe(self.layer_idx, w)  # H2O and SnapKV read the weights they asked for
+            w = w if want_weights else None
         y = y.transpose(1, 2).reshape(b, t, h * d)
         return self.out(y), w, k_pos
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from course.kvcache import KVCache, SinkRotation
-from course.models.attend import attend, attend_cached
+from course.models.attend import attend
 from course.models.base import Block, CausalLM, ModelConfig
 
 __all__ = ["Llama", "RMSNorm", "rope", "rotate_half"]
@@ -91,15 +91,17 @@ class Attention(nn.Module):
             k_pos = pos[:, None, :].expand(b, hkv, t)
             q, k = rope(q, pos, theta), rope(k, pos, theta)
             y, w = attend(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0, sink_logit=self.sink_logit)
-        else:
-            k, v, k_pos = cache.update(self.layer_idx, k, v, pos)  # all cached slots, not rotated
-            q_rope, k_rope, sinks = cache.rope_positions(self.layer_idx, pos)  # the policy's position rule
-            qr, kr = rope(q, q_rope, theta), rope(k, k_rope, theta)
+        else:  # the cache hands back every slot (not rotated) and the positions its policy's rule gives
+            view = cache.update(self.layer_idx, k, v, pos)
+            k_pos = view.positions
+            qr, kr = rope(q, view.q_rope, theta), rope(view.keys, view.k_rope, theta)
             scale = None
-            if sinks is not None:
-                qr, kr, scale = _sink_block_rotation(q, qr, kr, sinks, theta)
-            y, w = attend_cached(cache, self.layer_idx, qr, kr, v, pos, want_weights, scale=scale,
-                                 sink_logit=self.sink_logit)
+            if view.sink_rotation is not None:
+                qr, kr, scale = _sink_block_rotation(q, qr, kr, view.sink_rotation, theta)
+            y, w = attend(qr, kr, view.values, view.mask, scale=scale, weight_rows=view.rows(want_weights),
+                          sink_logit=self.sink_logit)
+            cache.observe(self.layer_idx, w)  # H2O and SnapKV read the weights they asked for
+            w = w if want_weights else None
         y = y.transpose(1, 2).reshape(b, t, h * d)
         return self.o(y), w, k_pos
 
