@@ -284,6 +284,11 @@ class KVCache:
                 layer.gather(keep)
 
     # ----------------------------------------------------------------------------- what a layer attends with
+    def rope_positions(self, layer_idx: int, q_pos: Tensor) -> tuple[Tensor, Tensor, SinkRotation | None]:
+        """The RoPE positions a layer's queries at ``q_pos`` ([B, T]) and its cached keys would get now
+        (for inspection; ``update`` hands them to the layer)."""
+        return self._rope_positions(self.layers[layer_idx].live()[2], q_pos)
+
     def _rope_positions(self, k_pos: Tensor, q_pos: Tensor) -> tuple[Tensor, Tensor, SinkRotation | None]:
         """Positions the rotary embedding should use for the queries and the cached keys.
 

@@ -22,10 +22,10 @@ def test_info(capsys):
 
 def test_stream_json(capsys):
     out = run_json(capsys, "stream", "--model", "smollm2-135m", "--policy", "streaming", "--sinks", "4",
-                   "--window", "60", "--tokens", "200")
-    for key in ("model", "policy", "sinks", "window", "tokens", "ppl", "ppl_after_fill", "max_cache_bytes", "seconds"):
+                   "--budget", "64", "--tokens", "200")
+    for key in ("model", "policy", "sinks", "budget", "tokens", "ppl", "ppl_after_fill", "max_cache_bytes", "seconds"):
         assert key in out
-    assert out["tokens"] == 200 and out["sinks"] == 4 and out["positions"] == "cache"
+    assert out["tokens"] == 200 and out["sinks"] == 4 and out["budget"] == 64 and out["positions"] == "cache"
     assert out["max_cache_bytes"] == 2 * 30 * 3 * 64 * 4 * 64  # 64 slots, float32
     assert 5 < out["ppl"] < 60
 
@@ -33,14 +33,23 @@ def test_stream_json(capsys):
 def test_stream_text_file(capsys, tmp_path):
     f = tmp_path / "story.txt"
     f.write_text("Once upon a time there was a cache that never forgot its first token. " * 20)
-    out = run_json(capsys, "stream", "--text-file", str(f), "--policy", "window", "--window", "32", "--tokens", "100")
+    out = run_json(capsys, "stream", "--text-file", str(f), "--policy", "window", "--budget", "32", "--tokens", "100")
     assert out["policy"] == "window" and out["ppl_after_fill"] is not None
+
+
+def test_stream_on_the_gpt2_shaped_model_picks_its_rule_and_respects_its_limit(capsys):
+    out = run_json(capsys, "stream", "--model", "gpt2-random", "--budget", "64", "--tokens", "1024")
+    assert out["positions"] == "original" and out["sinks"] == 4 and out["tokens"] == 1024
+    assert main(["stream", "--model", "gpt2-random", "--tokens", "1025"]) == 2
+    assert "--tokens needs 1025 token positions but gpt2-random has 1024" in capsys.readouterr().err
+    assert main(["stream", "--model", "gpt2-random", "--positions", "cache", "--tokens", "10"]) == 2
+    assert "(GPT-2 family) cannot do" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
     (["stream", "--tokens", "0"], "must be an integer >= 1"),
     (["stream", "--policy", "lru"], "invalid choice"),
-    (["stream", "--model", "gpt-9"], "invalid choice"),
+    (["stream", "--model", "gpt-9"], "or a Hugging Face checkpoint"),
 ])
 def test_bad_arguments_exit_with_a_message(capsys, argv, message):
     with pytest.raises(SystemExit) as e:
