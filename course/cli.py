@@ -47,6 +47,34 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", type=model_name,
+                   help="auto, gpt2, smollm2-135m (default), gpt2-random, or a Hugging Face checkpoint")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+
+
+def _policy_args(p: argparse.ArgumentParser, policies: list[str], default: str, budget: int | list[int]) -> None:
+    """The one vocabulary for a cache policy: --policy, --budget (slots per KV head, sinks included), --sinks."""
+    p.add_argument("--policy", default=default, choices=policies)
+    many = isinstance(budget, list)
+    p.add_argument("--budget", type=positive_int, default=budget, nargs="+" if many else None,
+                   help="cache slots per KV head, pinned sinks included" + (" (several: a sweep)" if many else "")
+                        + f" (default {budget}; ignored by full)")
+    p.add_argument("--sinks", type=non_negative_int, default=None,
+                   help="first tokens pinned in the cache (default: 4 for streaming, else 0)")
+    p.add_argument("--positions", choices=["original", "cache"], default=None,
+                   help="position rule (default: what the model allows; cache for streaming on RoPE models)")
+
+
+def _policy_for(args: argparse.Namespace, budget: int, model=None):
+    """The policy the arguments ask for (``make_policy``); call it without a model to refuse bad values
+    before the model loads, then with the model for its position rule."""
+    from course.policies import make_policy
+
+    return make_policy(args.policy, None if args.policy == "full" else budget, sinks=args.sinks,
+                       positions=args.positions, model=model)
+
+
 # ----------------------------------------------------------------------------- fetch
 def _fetch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("names", nargs="*", default=["smollm2-135m", "austen"], help="assets (default: all)")
@@ -108,37 +136,27 @@ def _info(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- stream
 def _stream_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", type=model_name,
-                   help="auto, gpt2, smollm2-135m (default), gpt2-random, or a Hugging Face checkpoint")
+    _model_args(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--corpus", default="austen", help="austen (default), pg19 or wikitext")
     src.add_argument("--text-file", help="a local UTF-8 text file")
     p.add_argument("--book", default=None, help="with --corpus austen: one novel, e.g. pride_and_prejudice")
-    p.add_argument("--policy", default="streaming", choices=["full", "window", "streaming", "h2o", "random"],
-                   help="the eviction policy (SnapKV compresses a prompt: see `needle`)")
-    p.add_argument("--budget", type=positive_int, default=1024,
-                   help="cache slots per KV head, pinned sinks included (default 1024; ignored by full)")
-    p.add_argument("--sinks", type=non_negative_int, default=None,
-                   help="first tokens pinned in the cache (default: 4 for streaming, else 0)")
-    p.add_argument("--positions", choices=["original", "cache"], default=None,
-                   help="position rule (default: what the model allows; cache for streaming on RoPE models)")
+    _policy_args(p, ["full", "window", "streaming", "h2o", "random"], "streaming", 1024)  # SnapKV: see `needle`
     p.add_argument("--tokens", type=positive_int, default=2048)
     p.add_argument("--method", choices=["auto", "exact", "decode"], default="auto",
                    help="exact chunked evaluator (default) or the token-by-token decode loop")
-    p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true")
 
 
 def _stream(args: argparse.Namespace) -> dict:
     from course.data import load_text, tokenize
     from course.models import load_model
-    from course.policies import make_policy
     from course.streaming import evaluate_stream
 
     budget = None if args.policy == "full" else args.budget
-    make_policy(args.policy, budget, sinks=args.sinks, positions=args.positions)  # bad values: refused before loading
+    _policy_for(args, args.budget)  # bad values: refused before the model loads
     model, tok = load_model(args.model, args.device, verbose=not args.json)
-    policy = make_policy(args.policy, budget, sinks=args.sinks, positions=args.positions, model=model)
+    policy = _policy_for(args, args.budget, model)
     model.config.check_tokens(args.tokens, "--tokens")
     text = load_text(args.text_file) if args.text_file else load_text(args.corpus, args.book)
     ids = tokenize(tok, text, args.tokens, model.device)
@@ -159,18 +177,12 @@ def _stream(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- needle
 def _needle_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", type=model_name,
-                   help="auto, gpt2, smollm2-135m (default), gpt2-random, or a Hugging Face checkpoint")
-    p.add_argument("--policy", default="snapkv", choices=["full", "window", "streaming", "h2o", "snapkv", "random"])
-    p.add_argument("--budget", type=positive_int, nargs="+", default=[128],
-                   help="cache slots per KV head, pinned sinks included (several: a sweep)")
-    p.add_argument("--sinks", type=non_negative_int, default=None,
-                   help="first tokens pinned in the cache (default: 4 for streaming, else 0)")
+    _model_args(p)
+    _policy_args(p, ["full", "window", "streaming", "h2o", "snapkv", "random"], "snapkv", [128])
     p.add_argument("--depth", type=float, default=0.3, help="where the needle sits, 0 (start) .. 1 (end)")
     p.add_argument("--context", type=positive_int, default=500, help="filler tokens around the needle")
     p.add_argument("--trials", type=positive_int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true")
 
 
@@ -178,15 +190,14 @@ def _needle(args: argparse.Namespace) -> dict | list:
     from course.evaluate import budget_sweep, make_needle_trials
     from course.models import load_model
 
-    from course.policies import make_policy
-
     if not 0.0 <= args.depth <= 1.0:
         raise ValueError(f"--depth must be between 0 and 1, got {args.depth}")
-    for b in args.budget:  # bad values: refused before loading
-        make_policy(args.policy, b, sinks=args.sinks)
+    for b in args.budget:  # bad values: refused before the model loads
+        _policy_for(args, b)
     model, tok = load_model(args.model, args.device, verbose=not args.json)
     trials = make_needle_trials(tok, args.trials, args.context, args.depth, args.seed, model=model)
-    rows = budget_sweep(model, trials, args.policy, args.budget, args.sinks, progress=not args.json)
+    rows = budget_sweep(model, trials, args.policy, args.budget, args.sinks, progress=not args.json,
+                        positions=args.positions)
     for r in rows:
         r.update(model=model.config.name, depth=args.depth, trials=args.trials, prompt_tokens=int(trials[0].prompt.shape[1]))
         if not args.json:
@@ -242,9 +253,7 @@ def _train(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- bench
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", type=model_name,
-                   help="gpt2, smollm2-135m (default), gpt2-random, or a Hugging Face checkpoint")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    _model_args(p)
     p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes on a laptop CPU)")
     p.add_argument("--out", default="bench-results", help="folder for the tables and plots (without --json)")
     p.add_argument("--json", action="store_true", help="print one JSON object with every ratio instead")
@@ -261,6 +270,119 @@ def _bench(args: argparse.Namespace) -> dict:
         print(markdown_tables(result))
         print("Saved: " + ", ".join(str(p) for p in paths))
     return result
+
+
+# ----------------------------------------------------------------------------- generate and chat
+GENERATION_POLICIES = ["full", "window", "streaming", "h2o", "snapkv", "random"]
+
+
+def _sampling_args(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    p.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling cut-off in (0, 1] (default 1)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampler (default 0)")
+
+
+def _sampler_check(args: argparse.Namespace) -> None:
+    from course.generate import Sampler
+
+    Sampler(args.temperature, args.top_p, args.seed)  # bad values: refused before the model loads
+
+
+def _generate_args(p: argparse.ArgumentParser) -> None:
+    _model_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-file", help="a UTF-8 text file holding the prompt")
+    _policy_args(p, GENERATION_POLICIES, "streaming", 256)
+    _sampling_args(p, 128)
+    p.add_argument("--json", action="store_true")
+
+
+def _generate(args: argparse.Namespace) -> dict:
+    import time
+    from pathlib import Path
+
+    from course.generate import generate
+    from course.models import load_model
+
+    _policy_for(args, args.budget)
+    _sampler_check(args)
+    prompt = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text(encoding="utf-8")
+    if not prompt.strip():
+        raise ValueError("the prompt is empty")
+    model, tok = load_model(args.model, args.device, verbose=not args.json)
+    policy = _policy_for(args, args.budget, model)
+    start = time.perf_counter()
+    steps = []
+    for step in generate(model, tok, prompt, policy, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         top_p=args.top_p, seed=args.seed):
+        steps.append(step)
+        if not args.json:
+            print(step.text, end="", flush=True)
+    seconds = time.perf_counter() - start
+    out = {"model": model.config.name, "policy": policy.label, "text": "".join(s.text for s in steps),
+           "new_tokens": len(steps), "max_cache_bytes": max((s.cache_bytes for s in steps), default=0),
+           "max_cache_slots": max((s.cache_slots for s in steps), default=0), "seconds": round(seconds, 3),
+           "seed": args.seed, "temperature": args.temperature, "top_p": args.top_p}
+    if not args.json:
+        print(f"\n[{out['new_tokens']} tokens in {seconds:.1f} s through {policy.label}; cache at most "
+              f"{out['max_cache_slots']} slots, {out['max_cache_bytes'] / 2**20:.2f} MiB]")
+    return out
+
+
+def _chat_args(p: argparse.ArgumentParser) -> None:
+    _model_args(p)
+    _policy_args(p, GENERATION_POLICIES, "streaming", 256)
+    _sampling_args(p, 96)
+    p.add_argument("--system", default=None, help="a system message (default: the chat template's own)")
+    p.add_argument("--script", help="a text file of user turns, one per line, fed without asking")
+    p.add_argument("--json", action="store_true", help="with --script: print the turns as JSON at the end")
+
+
+def _chat(args: argparse.Namespace) -> dict | None:
+    import sys
+    import time
+    from pathlib import Path
+
+    from course.generate import Chat
+    from course.models import load_model
+
+    _policy_for(args, args.budget)
+    _sampler_check(args)
+    if args.json and not args.script:
+        raise ValueError("--json needs --script (an interactive chat prints as it goes)")
+    script = None
+    if args.script:
+        script = [line.strip() for line in Path(args.script).read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not script:
+            raise ValueError(f"--script {args.script} holds no turns (one user message per non-empty line)")
+    model, tok = load_model(args.model, args.device, verbose=not args.json)
+    policy = _policy_for(args, args.budget, model)
+    chat = Chat(model, tok, policy, system=args.system, max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    say = (lambda *a, **k: None) if args.json else print
+    say(f"{model.config.name} through {policy.label}. " + ("" if script else "Empty line or Ctrl-D to quit."))
+    start = time.perf_counter()
+    turns = iter(script) if script is not None else iter(lambda: _ask(sys.stdin), "")
+    for text in turns:
+        say(f"> {text}" if script is not None else "", end="\n" if script is not None else "")
+        for step in chat.say(text):
+            say(step.text, end="", flush=True)
+        t = chat.turns[-1]
+        say(f"\n[cache: {t.cache_slots} slots, {t.cache_bytes / 2**20:.2f} MiB; {t.new_tokens} tokens in {t.seconds:.1f} s]")
+    out = {"model": model.config.name, "policy": policy.label,
+           "turns": [vars(t) for t in chat.turns], "answers": [t.assistant for t in chat.turns],
+           "tokens": chat.seen, "max_cache_bytes": max((t.cache_bytes for t in chat.turns), default=0),
+           "seconds": round(time.perf_counter() - start, 3)}
+    return out if args.json else None
+
+
+def _ask(stream) -> str:
+    """One user line from the terminal ("" at the end of input or on an empty line)."""
+    print("you> ", end="", flush=True)
+    line = stream.readline()
+    return line.strip()
 
 
 # ----------------------------------------------------------------------------- release
@@ -325,6 +447,8 @@ COMMANDS: list[Command] = [
     Command("info", "show device, versions, and which models and corpora are available", _info_args, _info),
     Command("stream", "perplexity of a long text streamed through a bounded KV cache", _stream_args, _stream),
     Command("needle", "passkey retrieval after compressing the prompt's cache to a budget", _needle_args, _needle),
+    Command("generate", "generate text through a cache managed by a policy", _generate_args, _generate),
+    Command("chat", "a terminal chat through a bounded cache (or --script FILE of turns)", _chat_args, _chat),
     Command("train", "pretrain a tiny model with or without a sink token / sink logit", _train_args, _train),
     Command("bench", "speed and memory: ratios measured side by side in one run", _bench_args, _bench),
     Command("release", "write the student copies of the notebooks (exercise solutions removed)", _release_args,

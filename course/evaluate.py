@@ -177,15 +177,20 @@ def needle_eval(model: CausalLM, trials: list[NeedleTrial], policy_for: callable
 
 
 def budget_sweep(model: CausalLM, trials: list[NeedleTrial], policy: str, budgets: list[int], sinks: int | None = None,
-                 progress: bool = True) -> list[dict]:
+                 progress: bool = True, positions: str | None = None) -> list[dict]:
     """Needle results of one policy (a ``make_policy`` name) at several budgets (slots per KV head).
 
-    ``sinks``: pinned first tokens (None: the policy's default, 4 for StreamingLLM, else 0)."""
+    ``sinks``: pinned first tokens (None: the policy's default, 4 for StreamingLLM, else 0); ``positions``:
+    the position rule (None: what the model allows)."""
     _check_trials(model, trials)
+
+    def make(b: int) -> Policy:
+        return make_policy(policy, b, sinks=sinks, positions=positions, model=model)
+
     for b in budgets:  # validate every budget before spending time
-        make_policy(policy, b, sinks=sinks, model=model)
+        make(b)
     out = []
     for b in budgets:
-        r = needle_eval(model, trials, lambda t, b=b: make_policy(policy, b, sinks=sinks, model=model), progress)
+        r = needle_eval(model, trials, lambda t, b=b: make(b), progress)
         out.append({"policy": policy, "budget": b, "sinks": sinks, **{k: v for k, v in r.items() if k != "trials"}})
     return out
