@@ -1,17 +1,28 @@
-"""Where does attention go? Sink mass per layer and head, and the heads that are sinks.
+"""Where does attention go? Sink mass per layer and head, the heads that are sinks, and why.
 
-All functions take the per-layer attention weights a model returns with
+The mass functions take the per-layer attention weights a model returns with
 ``output_attentions=True``: a list (one per layer) of [B, H, T, S] tensors, rows = queries.
+
+Why a sink: ``residual_norms`` (the first token's hidden state grows far larger than the others in the
+middle layers: the *massive activations* of Sun et al. 2024), ``value_norms`` (its value vectors are
+small: what attention collects from it is close to nothing, the *value-state drain* of Guo et al. 2024)
+and ``first_token_ablation``, the causal test that separates the two roles of the first token: zeroing
+its value (what it says) vs hiding its key from the softmax (where attention can rest).
 """
 
 from __future__ import annotations
+
+import math
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
 from course.models.base import CausalLM
+from course.policies import Policy
 
-__all__ = ["attention_maps", "sink_mass", "sink_heads_share", "top_k_mass", "uniform_mass", "sink_kept"]
+__all__ = ["attention_maps", "sink_mass", "sink_heads_share", "top_k_mass", "uniform_mass", "sink_kept",
+           "residual_norms", "value_norms", "first_token_ablation"]
 
 
 @torch.inference_mode()
@@ -78,3 +89,95 @@ def sink_kept(cache, n_sink: int = 1) -> dict:
     Pass it as ``inspect=`` to ``course.streaming.decode_stream``."""
     kept = torch.stack([(layer.live()[2] < n_sink).sum(-1).float().div(n_sink).mean(0) for layer in cache.layers])
     return {"sink_kept": kept.cpu()}
+
+
+# ----------------------------------------------------------------------------- why a sink
+@torch.inference_mode()
+def residual_norms(model: CausalLM, ids: Tensor) -> Tensor:
+    """L2 norm of the residual stream after every block, for every position: [layers, T] (batch row 0)."""
+    ids = ids if ids.dim() == 2 else ids[None]
+    model.config.check_tokens(ids.shape[1], "residual_norms")
+    norms: list[Tensor] = []
+    hooks = [b.register_forward_hook(lambda m, i, out: norms.append(out[0][0].float().norm(dim=-1).cpu()))
+             for b in model.blocks]
+    try:
+        model(ids.to(model.device))
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(norms)
+
+
+@torch.inference_mode()
+def value_norms(model: CausalLM, ids: Tensor) -> Tensor:
+    """L2 norm of every token's value vector, mean over KV heads: [layers, T] (batch row 0), read from the cache."""
+    ids = ids if ids.dim() == 2 else ids[None]
+    model.config.check_tokens(ids.shape[1], "value_norms")
+    cache = model.new_cache(ids.shape[0])
+    model(ids.to(model.device), cache=cache)
+    return torch.stack([layer.live()[1][0].float().norm(dim=-1).mean(0).cpu() for layer in cache.layers])
+
+
+class _HideFirstKey(Policy):
+    """Queries from position ``after`` on cannot see token 0 (earlier tokens were computed with it, as in
+    a cache that evicts it)."""
+
+    name = "hide-first-key"
+    is_static = True
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+
+    def scores(self, layer, seen: int) -> Tensor:  # never evicts: no budget
+        return layer.positions[:, :, : layer.length].float()
+
+    def visible(self, q_pos: Tensor, k_pos: Tensor, slots: int | None = None) -> Tensor:
+        return (k_pos != 0) | (q_pos < self.after)
+
+
+@contextmanager
+def _first_value_zeroed(model: CausalLM):
+    """Inside: every layer's value vector of position 0 is zero (for plain forwards over a whole text)."""
+    def zero(start: int, stop: int | None):
+        def hook(module, inputs, out):
+            out = out.clone()
+            out[:, 0, start:stop] = 0.0
+            return out
+        return hook
+
+    d = model.config.d_model
+    if model.config.family == "gpt2":  # one projection for Q, K, V: the value is the last third
+        hooks = [b.attn.qkv.register_forward_hook(zero(2 * d, None)) for b in model.blocks]
+    else:
+        hooks = [b.attn.v.register_forward_hook(zero(0, None)) for b in model.blocks]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@torch.inference_mode()
+def first_token_ablation(model: CausalLM, ids: Tensor, after: int = 16) -> dict[str, float]:
+    """Perplexity over the predictions from position ``after`` on, three ways:
+
+    * ``normal``: the model as it is;
+    * ``zero_value``: token 0's value zeroed in every layer (it still takes attention, but contributes nothing);
+    * ``no_key``: queries from ``after`` on cannot attend to token 0 at all (the softmax loses its resting place).
+    """
+    from course.streaming import exact_stream, next_token_nll
+
+    ids = (ids if ids.dim() == 2 else ids[None]).to(model.device)
+    if not 1 <= after < ids.shape[1] - 1:
+        raise ValueError(f"after must be between 1 and {ids.shape[1] - 2} (ids has {ids.shape[1]} tokens), got {after}")
+    model.config.check_tokens(ids.shape[1], "first_token_ablation")
+    targets = ids[:, 1:]
+
+    def ppl(nll: Tensor) -> float:
+        return math.exp(nll[:, after:].double().mean().item())
+
+    normal = ppl(next_token_nll(model(ids[:, :-1]).logits, targets))
+    with _first_value_zeroed(model):
+        zero_value = ppl(next_token_nll(model(ids[:, :-1]).logits, targets))
+    no_key = ppl(exact_stream(model, ids, _HideFirstKey(after), progress=False).nll)
+    return {"normal": normal, "zero_value": zero_value, "no_key": no_key}

@@ -26,7 +26,7 @@ from course.kvcache import KVCache
 from course.models.base import CausalLM
 from course.policies import Policy
 
-__all__ = ["Step", "Sampler", "generate", "Chat", "Turn"]
+__all__ = ["Step", "Sampler", "generate", "Chat", "Turn", "fluency"]
 
 
 @dataclass(frozen=True)
@@ -186,3 +186,24 @@ class Chat:
     def seen(self) -> int:
         """Tokens the conversation has fed through the cache so far."""
         return 0 if self.cache is None else self.cache.seen
+
+
+@torch.inference_mode()
+def fluency(model: CausalLM, prompt: Tensor, new_tokens: Sequence[int], n: int = 4) -> dict[str, float]:
+    """Two signals of how fluent generated text is, whatever cache produced it.
+
+    * ``ppl_full_context``: perplexity of the new tokens under one plain forward over prompt + new tokens
+      (the model judging the text with its full context; degenerate text scores high, or absurdly low when
+      it only repeats itself);
+    * ``distinct``: share of distinct ``n``-grams among the new tokens (1.0: no repetition; a loop drives it to 0).
+    prompt: [1, P] ids; new_tokens: the generated ids."""
+    from course.streaming import next_token_nll
+
+    if len(new_tokens) < n + 1:
+        raise ValueError(f"need at least {n + 1} new tokens to measure fluency, got {len(new_tokens)}")
+    ids = torch.cat([prompt.cpu(), torch.tensor([list(new_tokens)])], dim=1).to(model.device)
+    model.config.check_tokens(ids.shape[1], "fluency")
+    p = prompt.shape[1]
+    nll = next_token_nll(model(ids[:, :-1]).logits[:, p - 1 :], ids[:, p:])
+    grams = [tuple(new_tokens[i : i + n]) for i in range(len(new_tokens) - n + 1)]
+    return {"ppl_full_context": float(nll.double().mean().exp()), "distinct": len(set(grams)) / len(grams)}

@@ -10,13 +10,24 @@ import torch
 
 from course.models.base import CausalLM
 
-__all__ = ["median_seconds", "alternate", "decode_cost_vs_context", "synchronize"]
+__all__ = ["median_seconds", "alternate", "decode_cost_vs_context", "streaming_vs_recompute", "synchronize",
+           "count_flops"]
 
 
 def synchronize(device: torch.device | None) -> None:
     """Wait for the device's queued work (CUDA runs asynchronously), so that a clock reading means something."""
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """Floating-point operations of the matrix products ``fn()`` runs, counted by torch (not timed: the same
+    number on a busy machine). Fused attention kernels on the CPU are not counted; the weights' products are."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
 
 
 def median_seconds(fn: Callable[[], object], reps: int = 5, warmup: int = 1, device: torch.device | None = None) -> float:
@@ -50,12 +61,13 @@ def decode_cost_vs_context(model: CausalLM, ids: torch.Tensor, contexts: list[in
 
     cached: one decode step on a cache already holding ``T`` tokens;
     recompute: one full forward over the ``T + 1`` tokens (what decoding without a cache does).
-    Returns {"context": [...], "cached": [...], "recompute": [...]} (seconds per token).
+    Returns {"context": [...], "cached": [...], "recompute": [...]} (seconds per token, medians of
+    alternating runs) and "cached_flops", "recompute_flops" (counted: the same on any machine).
     """
     if max(contexts) + 1 > ids.shape[1]:
         raise ValueError(f"ids has {ids.shape[1]} tokens; contexts up to {max(contexts)} need {max(contexts) + 1}")
     model.config.check_tokens(max(contexts) + 1, f"decoding after a context of {max(contexts)} tokens")
-    out: dict[str, list] = {"context": [], "cached": [], "recompute": []}
+    out: dict[str, list] = {"context": [], "cached": [], "recompute": [], "cached_flops": [], "recompute_flops": []}
     dev = model.device
     for t in contexts:
         cache = model.new_cache(1)
@@ -66,7 +78,12 @@ def decode_cost_vs_context(model: CausalLM, ids: torch.Tensor, contexts: list[in
             model(nxt, cache=cache)
             cache.rewind(t)  # undo the step: keep the context at T
 
-        med = alternate({"cached": cached_step, "recompute": lambda: model(ids[:, : t + 1])}, reps, 1, dev)
+        def recompute() -> None:
+            model(ids[:, : t + 1])
+
+        med = alternate({"cached": cached_step, "recompute": recompute}, reps, 1, dev)
+        out["cached_flops"].append(count_flops(cached_step))
+        out["recompute_flops"].append(count_flops(recompute))
         out["context"].append(t)
         out["cached"].append(med["cached"])
         out["recompute"].append(med["recompute"])
@@ -80,12 +97,12 @@ def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, wind
 
     streaming: a decode step on a full [n_sink | window] cache (one eviction in place per token);
     recompute: a fresh forward over the last ``n_sink + window`` tokens (the paper's baseline).
-    ``ids`` needs at least n_sink + window + reps * steps + steps + 1 tokens.
+    ``ids`` needs at least n_sink + window + (reps + 3) * steps + 1 tokens.
     """
     from course.policies import make_policy
 
     budget = n_sink + window
-    need = budget + (reps + 2) * steps + 1
+    need = budget + (reps + 3) * steps + 1  # warm-up, repetitions and the counted step
     if ids.shape[1] < need:
         raise ValueError(f"ids has {ids.shape[1]} tokens; this measurement needs {need}")
     model.config.check_tokens(need, f"timing a {budget}-token cache")
@@ -104,4 +121,6 @@ def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, wind
 
     med = alternate({"streaming": stream, "recompute": recompute}, reps, 1, model.device)
     per_token = {k: v / steps for k, v in med.items()}
-    return {**per_token, "speedup": per_token["recompute"] / per_token["streaming"], "cache_tokens": budget}
+    flops_ratio = count_flops(recompute) / count_flops(stream)  # counted on the next step: the same on any machine
+    return {**per_token, "speedup": per_token["recompute"] / per_token["streaming"], "cache_tokens": budget,
+            "flops_ratio": flops_ratio}

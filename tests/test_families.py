@@ -52,7 +52,7 @@ RUNS = {  # name -> run(model, n_tokens): every public evaluator and sweep, size
     "budget_sweep": lambda m, n: budget_sweep(m, [_trial(n)], "h2o", [8, 12], progress=False),
     "attention_maps": lambda m, n: attention_maps(m, torch.randint(0, 97, (1, n))),
     "decode_cost_vs_context": lambda m, n: decode_cost_vs_context(m, torch.randint(0, 97, (1, n)), [8, n - 1], reps=1),
-    "streaming_vs_recompute": lambda m, n: streaming_vs_recompute(m, torch.randint(0, 97, (1, n)), 2, n - 6, reps=1),
+    "streaming_vs_recompute": lambda m, n: streaming_vs_recompute(m, torch.randint(0, 97, (1, n)), 2, n - 7, reps=1),
 }
 
 

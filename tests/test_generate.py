@@ -109,3 +109,17 @@ def test_generate_and_chat_on_smollm2_from_the_command_line(capsys, tmp_path):
     assert all(a.strip() for a in out["answers"]) and out["max_cache_bytes"] <= 64 * 2 * 30 * 3 * 64 * 4
     assert main(["chat", "--json"]) == 2
     assert "--json needs --script" in capsys.readouterr().err
+
+
+def test_fluency_sees_repetition_and_scores_with_the_full_context():
+    from course.generate import fluency
+
+    model = tiny_model("llama", dtype=torch.float32)
+    prompt = torch.randint(0, 97, (1, 10))
+    loop = fluency(model, prompt, [5, 6, 7, 8] * 6)
+    varied = fluency(model, prompt, list(range(10, 34)))
+    assert loop["distinct"] == pytest.approx(4 / 21) and varied["distinct"] == 1.0
+    ids = torch.cat([prompt, torch.tensor([list(range(10, 34))])], dim=1)
+    with torch.no_grad():
+        nll = torch.nn.functional.cross_entropy(model(ids).logits[0, 9:-1], ids[0, 10:])
+    assert varied["ppl_full_context"] == pytest.approx(float(nll.exp()), rel=1e-4)
