@@ -143,6 +143,10 @@ def _stream_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--book", default=None, help="with --corpus austen: one novel, e.g. pride_and_prejudice")
     _policy_args(p, ["full", "window", "streaming", "h2o", "random"], "streaming", 1024)  # SnapKV: see `needle`
     p.add_argument("--tokens", type=positive_int, default=2048)
+    p.add_argument("--passages", type=positive_int, default=None,
+                   help="measure over N >= 2 passages of --tokens tokens from all six novels (openings, then "
+                        "mid-text): the spread instead of one number")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="with --passages: which passages (default 0)")
     p.add_argument("--method", choices=["auto", "exact", "decode"], default="auto",
                    help="exact chunked evaluator (default) or the token-by-token decode loop")
     p.add_argument("--json", action="store_true")
@@ -158,6 +162,8 @@ def _stream(args: argparse.Namespace) -> dict:
     model, tok = load_model(args.model, args.device, verbose=not args.json)
     policy = _policy_for(args, args.budget, model)
     model.config.check_tokens(args.tokens, "--tokens")
+    if args.passages is not None:
+        return _stream_passages(args, model, tok, policy)
     text = load_text(args.text_file) if args.text_file else load_text(args.corpus, args.book)
     ids = tokenize(tok, text, args.tokens, model.device)
     result = evaluate_stream(model, ids, policy, args.method, progress=not args.json)
@@ -172,6 +178,29 @@ def _stream(args: argparse.Namespace) -> dict:
         print(f"{out['model']} {policy.label} [{policy.position_rule} positions] on {out['tokens']} tokens: "
               f"PPL {out['ppl']:.2f}, after the cache fills {after}, max cache "
               f"{out['max_cache_bytes'] / 2**20:.1f} MiB, {out['seconds']:.1f} s")
+    return out
+
+
+def _stream_passages(args: argparse.Namespace, model, tok, policy) -> dict:
+    """``stream --passages N``: the same policy over N passages, reported as a spread."""
+    from course.passages import sample_passages, spread, stream_passages
+
+    if args.text_file or args.corpus != "austen" or args.book:
+        raise ValueError("--passages draws from all six Austen novels: drop --text-file, --book and --corpus")
+    if args.passages < 2:
+        raise ValueError(f"--passages must be at least 2 (one passage is an anecdote), got {args.passages}")
+    passages = sample_passages(tok, args.passages, args.tokens, seed=args.seed)
+    start = policy.budget if policy.budget is not None and policy.budget < args.tokens - 1 else 0
+    ppl = stream_passages(model, passages, {"policy": policy}, start=start, progress=not args.json)["policy"]
+    s = spread(ppl)
+    out = {"model": model.config.name, "policy": args.policy, "label": policy.label, "positions": policy.position_rule,
+           "tokens": args.tokens, "scored_from": start, "seed": args.seed,
+           "ppl": {"mean": s.mean, "median": s.median, "min": s.low, "max": s.high, "ci95_median": list(s.ci)},
+           "passages": [{"book": p.book, "offset": p.offset, "ppl": v} for p, v in zip(passages, ppl)]}
+    if not args.json:
+        for p, v in zip(passages, ppl):
+            print(f"  {p.label:48s} PPL {v:8.2f}")
+        print(f"{model.config.name} {policy.label}, {args.tokens} tokens, predictions from {start} on: PPL {s}")
     return out
 
 
