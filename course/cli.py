@@ -325,6 +325,7 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt-file", help="a UTF-8 text file holding the prompt")
     _policy_args(p, GENERATION_POLICIES, "streaming", 256)
     _sampling_args(p, 128)
+    p.add_argument("--ignore-eos", action="store_true", help="generate all --max-new-tokens (for measurements)")
     p.add_argument("--json", action="store_true")
 
 
@@ -345,7 +346,7 @@ def _generate(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     steps = []
     for step in generate(model, tok, prompt, policy, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         top_p=args.top_p, seed=args.seed):
+                         top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos):
         steps.append(step)
         if not args.json:
             print(step.text, end="", flush=True)

@@ -98,10 +98,11 @@ def _decode(model: CausalLM, tokenizer, cache: KVCache, logits: Tensor, max_new_
 
 def generate(model: CausalLM, tokenizer, prompt: str | Tensor, policy: Policy | None = None, *,
              max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-             stop: Sequence[str] = ()) -> Iterator[Step]:
+             stop: Sequence[str] = (), ignore_eos: bool = False) -> Iterator[Step]:
     """Generate up to ``max_new_tokens`` after ``prompt`` (text, or ids [1, P]) through a cache managed by
     ``policy`` (default: keep everything); yields one ``Step`` per token as soon as it is decoded. Stops at
-    the tokenizer's end-of-sequence token or after a stop string. Bad values are refused before any work."""
+    the tokenizer's end-of-sequence token (unless ``ignore_eos``: long generations for measurements) or after
+    a stop string. Bad values are refused before any work."""
     _check_steps(max_new_tokens)
     sampler = Sampler(temperature, top_p, seed)
     ids = tokenizer(prompt, return_tensors="pt").input_ids if isinstance(prompt, str) else prompt
@@ -109,7 +110,7 @@ def generate(model: CausalLM, tokenizer, prompt: str | Tensor, policy: Policy | 
         raise ValueError(f"prompt must be text or ids of shape [1, P] with P >= 1, got {tuple(ids.shape)}")
     model.config.check_tokens(ids.shape[1] + max_new_tokens, "the prompt + max_new_tokens")
     cache, logits = compress_prompt(model, ids, policy)
-    stop_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    stop_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None and not ignore_eos else set()
     return _decode(model, tokenizer, cache, logits[0, -1], max_new_tokens, sampler, stop, stop_ids)
 
 

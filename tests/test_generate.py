@@ -94,7 +94,7 @@ def test_generate_and_chat_on_smollm2_from_the_command_line(capsys, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("It is a truth universally acknowledged, that a single man in possession of a good fortune,")
     argv = ["generate", "--prompt-file", str(prompt), "--policy", "streaming", "--budget", "16",
-            "--max-new-tokens", "64", "--temperature", "0.8", "--seed", "7", "--json"]
+            "--max-new-tokens", "64", "--temperature", "0.8", "--seed", "7", "--ignore-eos", "--json"]
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     assert main(argv) == 0
@@ -123,3 +123,11 @@ def test_fluency_sees_repetition_and_scores_with_the_full_context():
     with torch.no_grad():
         nll = torch.nn.functional.cross_entropy(model(ids).logits[0, 9:-1], ids[0, 10:])
     assert varied["ppl_full_context"] == pytest.approx(float(nll.exp()), rel=1e-4)
+
+
+def test_generation_stops_at_the_end_of_sequence_unless_told_to_ignore_it():
+    model, tok = tiny_model("llama"), CharTokenizer()
+    first = next(iter(generate(model, tok, "abc", max_new_tokens=1))).token
+    tok.eos_token_id = first  # the model's first greedy token now ends the text at once
+    assert list(generate(model, tok, "abc", max_new_tokens=8)) == []
+    assert len(list(generate(model, tok, "abc", max_new_tokens=8, ignore_eos=True))) == 8
