@@ -77,13 +77,12 @@ def check_notebook(path: str | Path) -> list[OutputProblem]:
     nb = nbformat.read(str(path), as_version=4)
     problems = []
     for index, cell in enumerate(nb.cells):
-        for output in cell.get("outputs", []):
-            for text in output_texts(output):
-                lines = shown_lines(text)
-                found = _bar_problems(lines)
-                found += [("widget shown as text", ln) for ln in lines if _WIDGET_REPR.search(ln)]
-                found += [("model loading message", ln) for ln in lines if _LOADING.search(ln)]
-                problems += [OutputProblem(str(path), index, problem, line.strip()) for problem, line in found]
+        # a cell's outputs in order, as one text: a kernel may send one bar's lines as separate outputs
+        lines = [ln for output in cell.get("outputs", []) for text in output_texts(output) for ln in shown_lines(text)]
+        found = _bar_problems(lines)
+        found += [("widget shown as text", ln) for ln in lines if _WIDGET_REPR.search(ln)]
+        found += [("model loading message", ln) for ln in lines if _LOADING.search(ln)]
+        problems += [OutputProblem(str(path), index, problem, line.strip()) for problem, line in found]
     return problems
 
 

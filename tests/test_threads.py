@@ -1,0 +1,59 @@
+"""Thread choice (course.threads): the rule, its override, and the measurements behind it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course.threads import (
+    MATMUL_SHAPES,
+    bench_threads,
+    busy_cores,
+    choose_threads,
+    competing_process,
+    threads_table,
+    use_threads,
+)
+
+
+@pytest.mark.parametrize(("cores", "busy", "threads"), [
+    (2, 0.0, 2), (2, 0.3, 2), (2, 0.8, 1), (2, 1.0, 1), (2, 3.5, 1), (8, 2.2, 6), (1, 0.0, 1), (4, -0.1, 4),
+])
+def test_threads_are_the_free_cores_and_at_least_one(cores, busy, threads):
+    assert choose_threads(cores, busy) == threads
+
+
+def test_the_override_wins_and_bad_values_are_named():
+    assert choose_threads(2, 2.0, "3") == 3
+    assert choose_threads(2, 2.0, " ") == 1  # empty: not set
+    for bad in ("0", "two", "-1", "1.5"):
+        with pytest.raises(ValueError, match=f"COURSE_THREADS must be a positive integer .*got '{bad}'"):
+            choose_threads(2, 0.0, bad)
+
+
+def test_use_threads_sets_torch(monkeypatch, capsys):
+    before = torch.get_num_threads()
+    monkeypatch.setenv("COURSE_THREADS", "1")
+    try:
+        assert use_threads() == 1 and torch.get_num_threads() == 1
+        assert "torch threads: 1 (COURSE_THREADS=1)" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_busy_cores_sees_a_competing_process():
+    with competing_process() as procs:
+        busy = busy_cores(0.5)
+        assert all(p.poll() is None for p in procs)
+    assert busy >= 0.7, f"one busy-loop process should keep about one core busy, measured {busy:.2f}"
+    assert all(p.poll() is not None for p in procs), "the competing process is stopped after the block"
+
+
+def test_bench_threads_times_every_shape_for_each_thread_count():
+    result = bench_threads(competing=False, reps=2)
+    counts = result["thread_counts"]
+    assert counts[0] == 1 and result["competing"] is None
+    assert [r["shape"] for r in result["quiet"]] == [s[0] for s in MATMUL_SHAPES]
+    assert all(r[f"{t}_threads_us"] > 0 for r in result["quiet"] for t in counts)
+    table = threads_table(result).splitlines()
+    assert len(table) == 2 + len(MATMUL_SHAPES) and table[0].startswith("| matmul | quiet, 1 thread (µs)")
