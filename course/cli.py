@@ -301,15 +301,12 @@ def _bench_notebooks(args: argparse.Namespace) -> dict:
 def _bench_threads(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
-    from course.threads import bench_threads, threads_table
+    from course.threads import bench_threads, threads_report, threads_table
 
     result = bench_threads(args.competing)
     report = Path(args.report or "docs/threads.md")
     report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text("# Threads for small matmuls\n\nMeasured by `python -m course bench --threads"
-                      f"{' --competing' if args.competing else ''}` on {result['cores']} cores "
-                      f"({result['busy_before']} busy before it started); median microseconds per matmul.\n\n"
-                      + threads_table(result) + "\n")
+    report.write_text(threads_report(result))
     if not args.json:
         print(threads_table(result))
         print(f"Saved: {report}")

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import torch
 
 __all__ = ["THREADS_ENV", "cpu_cores", "busy_cores", "choose_threads", "use_threads", "competing_process",
-           "MATMUL_SHAPES", "matmul_seconds", "bench_threads", "threads_table"]
+           "MATMUL_SHAPES", "matmul_seconds", "bench_threads", "threads_table", "threads_report"]
 
 THREADS_ENV = "COURSE_THREADS"
 
@@ -162,3 +162,18 @@ def threads_table(result: dict) -> str:
         cells = [row["shape"]] + [f"{rows[i][f'{t}_threads_us']:.0f}" for _, rows in runs for t in counts]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def threads_report(result: dict) -> str:
+    """The micro-benchmark as a markdown page: how it was measured, the table, and the rule it supports."""
+    competing = " --competing" if result["competing"] else ""
+    return (
+        "# Threads for small matmuls\n\n"
+        f"Measured by `python -m course bench --threads{competing}` on {result['cores']} cores "
+        f"({result['busy_before']} cores busy just before it started): median microseconds per matmul of "
+        "the course's shapes, with 1 thread and with every core"
+        + (", on the machine as it was and next to one CPU-bound process (a Python busy loop)" if competing else "")
+        + ".\n\n" + threads_table(result) + "\n\n"
+        "The notebooks call `course.threads.use_threads()`: torch gets the cores that are free when it runs "
+        f"(at least one); `{THREADS_ENV}=n` overrides it.\n"
+    )

@@ -57,3 +57,19 @@ def test_bench_threads_times_every_shape_for_each_thread_count():
     assert all(r[f"{t}_threads_us"] > 0 for r in result["quiet"] for t in counts)
     table = threads_table(result).splitlines()
     assert len(table) == 2 + len(MATMUL_SHAPES) and table[0].startswith("| matmul | quiet, 1 thread (µs)")
+
+
+def test_bench_threads_command_writes_the_report(tmp_path, monkeypatch, capsys):
+    import course.threads
+    from course.__main__ import main
+
+    def small(competing: bool) -> dict:
+        return bench_threads(competing, reps=2)
+
+    monkeypatch.setattr(course.threads, "bench_threads", small)
+    report = tmp_path / "threads.md"
+    assert main(["bench", "--threads", "--competing", "--report", str(report)]) == 0
+    text = report.read_text()
+    assert "`python -m course bench --threads --competing`" in text and "competing, 1 thread (µs)" in text
+    assert "| decode step, MLP" in text and "COURSE_THREADS=n" in text
+    assert f"Saved: {report}" in capsys.readouterr().out
