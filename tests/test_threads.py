@@ -11,6 +11,7 @@ from course.threads import (
     busy_cores,
     choose_threads,
     competing_process,
+    cpu_cores,
     threads_table,
     use_threads,
 )
@@ -41,11 +42,18 @@ def test_use_threads_sets_torch(monkeypatch, capsys):
         torch.set_num_threads(before)
 
 
-def test_busy_cores_sees_a_competing_process():
-    with competing_process() as procs:
-        busy = busy_cores(0.5)
-        assert all(p.poll() is None for p in procs)
+def test_a_competing_process_is_measured_and_leaves_torch_a_core_less(monkeypatch):
+    monkeypatch.delenv("COURSE_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        with competing_process() as procs:
+            busy = busy_cores(0.5)
+            threads = use_threads(verbose=False)
+            assert all(p.poll() is None for p in procs)
+    finally:
+        torch.set_num_threads(before)
     assert busy >= 0.7, f"one busy-loop process should keep about one core busy, measured {busy:.2f}"
+    assert threads <= max(1, cpu_cores() - 1), f"{cpu_cores()} cores, one taken: got {threads} threads"
     assert all(p.poll() is not None for p in procs), "the competing process is stopped after the block"
 
 
