@@ -282,10 +282,64 @@ def _train(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- bench
 def _bench_args(p: argparse.ArgumentParser) -> None:
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--notebooks", action="store_true",
+                      help="instead: execute every notebook (papermill) and write a table of wall times")
+    what.add_argument("--threads", action="store_true",
+                      help="instead: time matmuls of the course's shapes with 1 thread and with every core")
     _model_args(p)
     p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes on a laptop CPU)")
-    p.add_argument("--out", default="bench-results", help="folder for the tables and plots (without --json)")
+    p.add_argument("--fast", action="store_true", help="with --notebooks: run them in FAST mode")
+    p.add_argument("--competing", action="store_true",
+                   help="with --notebooks or --threads: measure again next to one CPU-bound process")
+    p.add_argument("--notebook-dir", default="notebooks", help="with --notebooks: folder of the notebooks to run")
+    p.add_argument("--report", default=None,
+                   help="with --notebooks or --threads: the markdown file for the table "
+                        "(default docs/notebook-times.md or docs/threads.md)")
+    p.add_argument("--out", default="bench-results",
+                   help="folder for the tables and plots (without --json); with --notebooks, the executed copies")
     p.add_argument("--json", action="store_true", help="print one JSON object with every ratio instead")
+
+
+def _check_bench_flags(args: argparse.Namespace) -> None:
+    """Flags that belong to another kind of benchmark: refused by name."""
+    if args.fast and not args.notebooks:
+        raise ValueError("--fast applies to --notebooks only")
+    if args.competing and not (args.notebooks or args.threads):
+        raise ValueError("--competing applies to --notebooks or --threads only")
+    if args.report is not None and not (args.notebooks or args.threads):
+        raise ValueError("--report applies to --notebooks or --threads only")
+
+
+def _bench_notebooks(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.notebook_times import time_notebooks, times_table, write_times
+
+    paths = sorted(Path(args.notebook_dir).glob("[0-9]*.ipynb"))
+    if not paths:
+        raise ValueError(f"--notebook-dir must hold numbered notebooks (01_*.ipynb ...); none in {args.notebook_dir}")
+    rows = time_notebooks(paths, Path(args.out) / "notebooks", args.fast, args.competing, verbose=not args.json)
+    report = write_times(rows, Path(args.report or "docs/notebook-times.md"), args.fast)
+    if not args.json:
+        print(times_table(rows))
+        print(f"Saved: {report}")
+    return {"rows": rows, "report": str(report)}
+
+
+def _bench_threads(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.threads import bench_threads, threads_report, threads_table
+
+    result = bench_threads(args.competing)
+    report = Path(args.report or "docs/threads.md")
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(threads_report(result))
+    if not args.json:
+        print(threads_table(result))
+        print(f"Saved: {report}")
+    return result | {"report": str(report)}
 
 
 def _bench(args: argparse.Namespace) -> dict:
@@ -293,6 +347,11 @@ def _bench(args: argparse.Namespace) -> dict:
 
     from course.bench import markdown_tables, run_bench, save_report
 
+    _check_bench_flags(args)
+    if args.notebooks:
+        return _bench_notebooks(args)
+    if args.threads:
+        return _bench_threads(args)
     result = run_bench(args.model, args.device, args.quick, progress=not args.json)
     if not args.json:
         paths = save_report(result, Path(args.out))
@@ -472,6 +531,25 @@ def _grade(args: argparse.Namespace) -> dict:
     return {"rows": rows, "totals": totals(rows), "gradebook": [str(csv_path), str(json_path)]}
 
 
+# ----------------------------------------------------------------------------- check-outputs
+def _check_outputs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", default=["outputs"],
+                   help="executed notebooks, or folders of them (default: ./outputs)")
+    p.add_argument("--json", action="store_true")
+
+
+def _check_outputs(args: argparse.Namespace) -> dict:
+    from course.output_check import check_paths
+
+    notebooks, problems = check_paths(args.paths)
+    if problems:
+        listing = "\n".join(f"  {p}" for p in problems)
+        raise RuntimeError(f"{len(problems)} output(s) that read badly without a kernel:\n{listing}")
+    if not args.json:
+        print(f"{len(notebooks)} executed notebook(s): no frozen progress bar, widget text or loading message")
+    return {"notebooks": [str(n) for n in notebooks], "problems": []}
+
+
 COMMANDS: list[Command] = [
     Command("fetch", "download the offline model and corpus into the course cache", _fetch_args, _fetch),
     Command("info", "show device, versions, and which models and corpora are available", _info_args, _info),
@@ -484,4 +562,6 @@ COMMANDS: list[Command] = [
     Command("release", "write the student copies of the notebooks (exercise solutions removed)", _release_args,
             _release),
     Command("grade", "autograde submitted notebooks into a gradebook (CSV and JSON)", _grade_args, _grade),
+    Command("check-outputs", "check executed notebooks for frozen progress bars, widget text, loading messages",
+            _check_outputs_args, _check_outputs),
 ]

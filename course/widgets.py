@@ -48,7 +48,7 @@ from course.streaming import evaluate_stream, next_token_nll
 __all__ = [
     "token_strings", "head_sink_mass", "attention_view", "attention_explorer",
     "sinks_range", "explorer_policy", "CacheRun", "run_policy", "CacheView", "kept_tokens_html", "cache_view",
-    "cache_explorer",
+    "cache_explorer", "ExplorerBox",
 ]
 
 SINK_SKIP = 4  # queries before this position are left out of the sink mass (see course.attention.sink_mass)
@@ -56,6 +56,26 @@ MAX_SINKS = 8
 MIN_BUDGET = 16  # the smallest budget the cache explorer offers (above MAX_SINKS, so every policy is valid)
 DEFAULT_BUDGET = 64
 EXPLORER_POLICIES = ("window", "streaming", "h2o", "snapkv")
+
+
+class ExplorerBox(widgets.VBox):
+    """The widgets of one explorer. Where there is no kernel to run them (an executed notebook saved
+    by papermill or nbval, its HTML, GitHub), the page shows one line saying so instead of the
+    ``VBox(children=...)`` text of the widgets; a live front end shows the widgets as usual."""
+
+    def __init__(self, children: Sequence[widgets.Widget], name: str) -> None:
+        super().__init__(list(children))
+        self.explorer_name = name
+
+    def __repr__(self) -> str:
+        return (f"[{self.explorer_name}: interactive, it needs a live Jupyter kernel; run this cell in "
+                "JupyterLab to use it. The figure above is a static view.]")
+
+    def _repr_mimebundle_(self, **kwargs) -> dict | None:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is not None:
+            bundle["text/plain"] = repr(self)  # the whole line (ipywidgets shortens reprs to 110 characters)
+        return bundle
 
 
 def _check_index(name: str, value: int, size: int) -> int:
@@ -122,7 +142,7 @@ def attention_view(maps: Sequence[Tensor], tokens: Sequence[str], layer: int, he
     return fig, text
 
 
-def attention_explorer(maps: Sequence[Tensor], tokens: Sequence[str], max_tokens: int = 64) -> widgets.VBox:
+def attention_explorer(maps: Sequence[Tensor], tokens: Sequence[str], max_tokens: int = 64) -> ExplorerBox:
     """Layer and head sliders over ``attention_view``: the heat map and the sink mass of each head.
 
     maps: per-layer [1, H, T, T] attention weights (``course.attention.attention_maps``); tokens: T strings."""
@@ -139,7 +159,7 @@ def attention_explorer(maps: Sequence[Tensor], tokens: Sequence[str], max_tokens
     layer.observe(show, "value")
     head.observe(show, "value")
     show()
-    return widgets.VBox([widgets.HBox([layer, head]), caption, image])
+    return ExplorerBox([widgets.HBox([layer, head]), caption, image], "attention explorer")
 
 
 # ----------------------------------------------------------------------------- cache explorer
@@ -342,14 +362,14 @@ class _CacheExplorer:
         self.text.value = view.html
 
     @property
-    def box(self) -> widgets.VBox:
+    def box(self) -> ExplorerBox:
         controls = widgets.VBox([widgets.HBox([self.policy, self.budget, self.sinks]),
                                  widgets.HBox([self.layer, self.kv_head])])
-        return widgets.VBox([controls, self.status, self.text])
+        return ExplorerBox([controls, self.status, self.text], "cache explorer")
 
 
 def cache_explorer(model: CausalLM, tokenizer, ids: Tensor, policies: Sequence[str] = EXPLORER_POLICIES,
-                   max_tokens: int = 192) -> widgets.VBox:
+                   max_tokens: int = 192) -> ExplorerBox:
     """A policy dropdown and budget / sinks / layer / KV-head sliders over ``cache_view``: the text
     with the tokens the cache keeps and evicts coloured, and the perplexity.
 

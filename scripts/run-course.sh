@@ -1,23 +1,57 @@
 #!/usr/bin/env bash
 # Set up (see setup.sh) and open the course in JupyterLab.
-#   --execute   instead, run every notebook top to bottom into ./outputs/ (papermill)
-#   --fast      with --execute: small sizes (minutes instead of about an hour on a laptop CPU)
+#   (no option)   students: the exercise notebooks. The first time, notebooks/student/*.ipynb are copied
+#                 into ./my-notebooks/ (ignored by git; a notebook already there is never overwritten),
+#                 and JupyterLab opens that folder, so your work never changes the repository's files.
+#   --instructor  open the solution notebooks in notebooks/ instead (saving them changes tracked files)
+#   --execute     instead, run every solution notebook top to bottom into ./outputs/ (papermill, plain-text
+#                 progress), printing each notebook's wall time
+#   --fast        with --execute: small sizes (FAST)
+# MY_NOTEBOOKS=folder chooses another working folder for the student copies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+usage_error() { echo "error: $1 (options: --instructor, --execute [--fast])" >&2; exit 2; }
+mode=student fast=False
+for arg in "$@"; do
+  case "$arg" in
+    --instructor) [ "$mode" = student ] || usage_error "--instructor and --execute exclude each other"; mode=instructor ;;
+    --execute) [ "$mode" = student ] || usage_error "--instructor and --execute exclude each other"; mode=execute ;;
+    --fast) fast=True ;;
+    *) usage_error "unknown option '$arg'" ;;
+  esac
+done
+[ "$fast" = False ] || [ "$mode" = execute ] || usage_error "--fast applies to --execute only"
+
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-if [ "${1:-}" = "--execute" ]; then
+
+if [ "$mode" = execute ]; then
   mkdir -p outputs
-  fast=False
-  [ "${2:-}" = "--fast" ] && fast=True
+  export COURSE_PROGRESS=text  # an executed copy is read without a kernel: no live bars (course/progress.py)
+  total=0
   for nb in notebooks/[0-9]*.ipynb; do
     echo "== $nb"
+    start=$SECONDS
     papermill --log-level WARNING "$nb" "outputs/$(basename "$nb")" -p FAST "$fast"
+    took=$((SECONDS - start)) total=$((total + SECONDS - start))
+    echo "== $(basename "$nb"): $((took / 60)) min $((took % 60)) s"
   done
-  echo "Executed notebooks are in outputs/."
-else
-  args=()
-  [ "$(id -u)" = 0 ] && args+=(--allow-root)  # containers and cloud machines often run as root
-  exec jupyter lab "${args[@]}" notebooks/
+  echo "Executed notebooks are in outputs/ (all: $((total / 60)) min $((total % 60)) s)."
+  python -m course check-outputs outputs
+  exit 0
 fi
+
+folder=notebooks
+if [ "$mode" = student ]; then
+  folder="${MY_NOTEBOOKS:-my-notebooks}"
+  mkdir -p "$folder"
+  for nb in notebooks/student/[0-9]*.ipynb; do
+    [ -e "$folder/$(basename "$nb")" ] || cp "$nb" "$folder/"
+  done
+  echo "== your notebooks are in $folder/ (copies of notebooks/student/; the solutions: --instructor)"
+fi
+args=()
+[ "$(id -u)" = 0 ] && args+=(--allow-root)  # containers and cloud machines often run as root
+exec jupyter lab ${args[@]+"${args[@]}"} "$folder/"

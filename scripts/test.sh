@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-export COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg
+export COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg COURSE_PROGRESS=text
 python -m pytest -p no:cacheprovider tests notebooks --nbval-lax --nbval-current-env "$@"
 COURSE_MODEL=gpt2-random python -m pytest -p no:cacheprovider notebooks/[0-9]*.ipynb --nbval-lax --nbval-current-env "$@"

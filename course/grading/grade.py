@@ -43,6 +43,7 @@ from nbclient.exceptions import DeadKernelError
 
 import course.grading.exercises  # noqa: F401  (registers every notebook's exercises)
 from course.grading.core import AUTOFILL_ENV, GRADE_OUT_ENV, REGISTRY
+from course.progress import PROGRESS_ENV
 
 __all__ = ["COLUMNS", "find_submissions", "student_and_notebook", "grade_submission", "grade", "totals",
            "write_gradebook", "format_gradebook"]
@@ -234,7 +235,8 @@ def grade_submission(path: Path, timeout: int = 300, total_timeout: int | None =
         nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
         with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:
             records_path = Path(tmp) / "checks.jsonl"
-            env = {**os.environ, GRADE_OUT_ENV: str(records_path), AUTOFILL_ENV: "0", "COURSE_FAST": "1"}
+            env = {**os.environ, GRADE_OUT_ENV: str(records_path), AUTOFILL_ENV: "0", "COURSE_FAST": "1",
+                   PROGRESS_ENV: "off"}  # nobody watches these bars
             run = _execute(nb, Path(tmp), env, timeout, total_timeout)
             records = _records(records_path, notebook)
     except Exception as e:  # unreadable notebook or a kernel that would not start

@@ -22,6 +22,7 @@ from course.model_names import MODEL_NAMES, check_model_name
 from course.models.base import CausalLM, ModelConfig, ModelOutput
 from course.models.gpt2 import GPT2
 from course.models.llama import Llama
+from course.progress import library_bars
 
 __all__ = [
     "CausalLM", "ModelConfig", "ModelOutput", "GPT2", "Llama", "MODEL_NAMES", "gpt2_random",
@@ -192,8 +193,9 @@ def load_hf_model(name: str, dtype: torch.dtype = torch.float32, attn: str = "ea
     try:
         if name not in MODEL_NAMES:
             config_from_hf(AutoConfig.from_pretrained(src), name)  # refuse an unsupported model before the download
-        tok = AutoTokenizer.from_pretrained(src)
-        hf = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation=attn)
+        with library_bars():  # no frozen "Loading weights" bar in an executed notebook
+            tok = AutoTokenizer.from_pretrained(src)
+            hf = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, attn_implementation=attn)
     except OSError as e:
         hint = {"smollm2-135m": "run `python -m course fetch` for the offline copy",
                 "gpt2": "gpt2 comes from the Hugging Face hub only; offline, use model='smollm2-135m'"}.get(

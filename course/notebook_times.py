@@ -1,0 +1,109 @@
+"""How long each notebook takes to run top to bottom, quiet and next to a competing process.
+
+``python -m course bench --notebooks [--fast] [--competing]`` executes every notebook with
+papermill as ``scripts/run-course.sh --execute`` does (plain-text progress, ``FAST`` passed as a
+parameter), one after the other, and writes a markdown table of wall times. With ``--competing``
+each notebook runs a second time next to one CPU-bound process (``course.threads.competing_process``),
+which is what a laptop busy with something else, or a shared machine, looks like.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from datetime import datetime, timezone
+from pathlib import Path
+
+from course.threads import competing_process, cpu_cores
+
+__all__ = ["execute_notebook", "time_notebooks", "times_table", "write_times"]
+
+
+@contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Set environment variables (inherited by the kernels started inside the block), then restore them."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def execute_notebook(path: Path, out: Path, fast: bool, timeout: int | None = None) -> float:
+    """Execute one notebook with papermill into ``out`` (run from the notebook's folder, plain-text
+    progress; ``FAST`` and ``COURSE_FAST`` set when ``fast``). Returns the wall time in seconds."""
+    import papermill
+
+    env = {"COURSE_PROGRESS": "text"} | ({"COURSE_FAST": "1"} if fast else {})
+    params = {"FAST": True} if fast else {}
+    start = time.perf_counter()
+    with _environment(**env):
+        papermill.execute_notebook(str(path), str(out), parameters=params, cwd=str(path.parent),
+                                   log_output=False, progress_bar=False, execution_timeout=timeout)
+    return time.perf_counter() - start
+
+
+def time_notebooks(paths: Sequence[Path], out_dir: Path, fast: bool, competing: bool,
+                   timeout: int | None = None, verbose: bool = True) -> list[dict]:
+    """Wall time of every notebook (one row each: "notebook", "quiet_s" and, with ``competing``,
+    "competing_s"); the executed copies go to ``out_dir`` (``*.competing.ipynb`` for the second run)."""
+    if not paths:
+        raise ValueError("paths must name at least one notebook")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for path in paths:
+        row = {"notebook": path.stem}
+        runs = [("quiet_s", nullcontext(), path.name)]
+        if competing:
+            runs.append(("competing_s", competing_process(), f"{path.stem}.competing.ipynb"))
+        for key, context, name in runs:
+            with context:
+                row[key] = execute_notebook(path, out_dir / name, fast, timeout)
+            if verbose:
+                print(f"{path.name} ({key[:-2]}): {row[key]:.0f} s", flush=True)
+        rows.append(row)
+    return rows
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
+
+
+def times_table(rows: list[dict]) -> str:
+    """The rows as a markdown table, with a total line."""
+    competing = all("competing_s" in r for r in rows)
+    head = "| notebook | quiet | next to a CPU-bound process |" if competing else "| notebook | wall time |"
+    lines = [head, "|---|---|---|" if competing else "|---|---|"]
+    keys = ["quiet_s"] + (["competing_s"] if competing else [])
+    for r in rows:
+        lines.append(f"| {r['notebook']} | " + " | ".join(_minutes(r[k]) for k in keys) + " |")
+    lines.append("| **all** | " + " | ".join(f"**{_minutes(sum(r[k] for r in rows))}**" for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def write_times(rows: list[dict], path: Path, fast: bool, threads_note: str = "") -> Path:
+    """Write the table with the machine and mode it was measured on to ``path`` (markdown)."""
+    import torch
+
+    mode = "FAST (`--fast`)" if fast else "full size"
+    text = (
+        "# Notebook wall times\n\n"
+        f"Measured by `python -m course bench --notebooks{' --fast' if fast else ''}"
+        f"{' --competing' if all('competing_s' in r for r in rows) else ''}`: every notebook executed top to "
+        f"bottom with papermill, {mode}, one after the other; \"next to a CPU-bound process\" runs it again "
+        "while one Python busy loop takes a core.\n\n"
+        f"Machine: {platform.machine()}, {cpu_cores()} cores, torch {torch.__version__}, "
+        f"{datetime.now(timezone.utc):%Y-%m-%d}.{(' ' + threads_note) if threads_note else ''}\n\n"
+        + times_table(rows) + "\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path

@@ -1,0 +1,67 @@
+"""The notebook timing benchmark (``python -m course bench --notebooks``) on a tiny notebook built here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from course.__main__ import main
+from course.notebook_times import times_table
+
+PARAMETERS = 'FAST = False  # small sizes\nSEED = 0'
+REPORT_CELL = 'import os\nprint("FAST", FAST, os.environ.get("COURSE_FAST"), os.environ.get("COURSE_PROGRESS"))'
+
+
+def tiny_notebook(folder: Path, name: str = "01_tiny.ipynb") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    cell = new_code_cell(PARAMETERS, metadata={"tags": ["parameters"]})
+    nb = new_notebook(cells=[cell, new_code_cell(REPORT_CELL)],
+                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nbformat.write(nb, str(folder / name))
+    return folder / name
+
+
+def printed(path: Path) -> str:
+    nb = nbformat.read(str(path), as_version=4)
+    return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_bench_notebooks_times_quiet_and_competing_runs_and_writes_the_table(tmp_path, capsys):
+    tiny_notebook(tmp_path / "nbs")
+    report, out = tmp_path / "times.md", tmp_path / "out"
+    assert main(["bench", "--notebooks", "--fast", "--competing", "--notebook-dir", str(tmp_path / "nbs"),
+                 "--report", str(report), "--out", str(out), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["notebook"] for r in rows] == ["01_tiny"] and rows[0]["quiet_s"] > 0 and rows[0]["competing_s"] > 0
+    for executed in (out / "notebooks/01_tiny.ipynb", out / "notebooks/01_tiny.competing.ipynb"):
+        assert printed(executed) == "FAST True 1 text\n"  # FAST passed as a parameter, plain-text bars
+    text = report.read_text()
+    assert "| 01_tiny |" in text and "next to a CPU-bound process" in text and "--fast --competing" in text
+
+
+def test_times_table_totals_the_rows():
+    rows = [{"notebook": "01_a", "quiet_s": 61.0, "competing_s": 90.0}, {"notebook": "02_b", "quiet_s": 4.0,
+                                                                         "competing_s": 5.0}]
+    lines = times_table(rows).splitlines()
+    assert lines[2] == "| 01_a | 1 min 01 s | 1 min 30 s |"
+    assert lines[-1] == "| **all** | **1 min 05 s** | **1 min 35 s** |"
+    assert times_table([{"notebook": "01_a", "quiet_s": 3.0}]).splitlines()[0] == "| notebook | wall time |"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--fast"], "--fast applies to --notebooks only"),
+    (["--competing"], "--competing applies to --notebooks or --threads only"),
+    (["--threads", "--report", "x.md", "--fast"], "--fast applies to --notebooks only"),
+])
+def test_flags_of_another_benchmark_are_refused_by_name(args, message, capsys):
+    assert main(["bench", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_folder_without_notebooks_is_refused(tmp_path, capsys):
+    assert main(["bench", "--notebooks", "--notebook-dir", str(tmp_path)]) == 2
+    assert "--notebook-dir must hold numbered notebooks" in capsys.readouterr().err
