@@ -46,7 +46,7 @@ from course.grading.gradebook import Gradebook, file_digest
 from course.grading.remote import CheckResult, CheckServer
 from course.grading.sandbox import Limits, SandboxedKernelManager, stop_sandbox
 from course.grading.scan import grader_internals
-from course.grading.submissions import Submission, find_submissions
+from course.grading.submissions import UNKNOWN_STUDENT, Submission, find_submissions
 
 __all__ = ["grade_submission", "grade", "Limits"]
 
@@ -242,7 +242,7 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
     except OSError as e:
         return [_row(sub, "", 0, 0, "error", f"cannot read this file: {e}", "")]
     exercises = [ex for ex in REGISTRY.values() if sub.notebook and ex.id.startswith(f"{sub.notebook}.")]
-    if sub.problem is not None and (sub.student == "(unknown)" or not exercises):
+    if sub.problem is not None and (sub.student == UNKNOWN_STUDENT or not exercises):
         return [_row(sub, "", 0, 0, "error", f"cannot grade this file: {sub.problem}", digest)]
     if not exercises:
         return [_row(sub, "", 0, 0, "error", f"cannot grade this file: no exercises are registered for notebook "
