@@ -304,7 +304,9 @@ def _grade(args: argparse.Namespace) -> dict:
     from course.grading.gradebook import Gradebook, format_gradebook, totals
     from course.grading.grade import grade
     from course.grading.sandbox import Limits
+    from course.grading.submissions import find_submissions
 
+    find_submissions(args.paths, args.layout)  # a missing PATH is reported before --out is created
     book = Gradebook(Path(args.out), regrade=args.regrade)  # checked before anything is graded
     total = args.total_timeout or 6 * args.timeout
     limits = Limits(cpu_seconds=2 * total, memory_mb=args.memory, output_mb=args.max_output)

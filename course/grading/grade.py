@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -273,6 +274,8 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
           progress: Callable[[str], None] | None = None) -> list[dict]:
     """Grade every submission found under ``paths``; with ``gradebook``, skip the unchanged submissions it
     already holds and write it after each submission. Returns the rows (the gradebook's, when given)."""
+    if not sys.platform.startswith("linux"):
+        raise ValueError("grading needs Linux (the sandbox uses prctl and /proc): run it in a Linux container or VM")
     rows: list[dict] = []
     for sub in find_submissions(paths, layout):
         if gradebook is not None and sub.path.is_file() and gradebook.graded(str(sub.path), file_digest(sub.path)):
