@@ -20,7 +20,7 @@ from course.grading import REGISTRY, ExerciseFailed, NotDoneYet, check
 from course.grading.core import AUTOFILL_ENV, result_of
 from course.grading.grade import grade
 from course.grading.release import BANNER_ID, ReleaseError, check_release, release
-from course.grading.submissions import find_submissions, identify
+from course.grading.submissions import find_submissions
 from course.grading.worker import SOCKET_ENV
 from course.models.llama import rope
 from tests.grading_helpers import submission as _submission

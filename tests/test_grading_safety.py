@@ -24,7 +24,6 @@ from course.grading.gradebook import Gradebook, csv_cell
 from course.grading.release import BANNER_ID, ReleaseError, release
 from course.grading.remote import _Handles
 from course.grading.submissions import UNKNOWN_STUDENT, find_submissions
-from tests.grading_helpers import NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = ("def kv_cache_bytes(n_layers, kv_heads, head_dim, tokens, batch=1, dtype_bytes=2):\n"
