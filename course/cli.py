@@ -299,6 +299,7 @@ def _grade_args(p: argparse.ArgumentParser) -> None:
 def _grade(args: argparse.Namespace) -> dict:
     import signal
     import sys
+    import threading
     from pathlib import Path
 
     from course.grading.gradebook import Gradebook, format_gradebook, totals
@@ -311,19 +312,24 @@ def _grade(args: argparse.Namespace) -> dict:
     total = args.total_timeout or 6 * args.timeout
     limits = Limits(cpu_seconds=2 * total, memory_mb=args.memory, output_mb=args.max_output)
 
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+    stopping = threading.Event()
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    def stop(signum: int, frame: object) -> None:
+        if not stopping.is_set():  # a second signal must not cut the clean-up short
+            stopping.set()
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         rows = grade(args.paths, args.timeout, args.total_timeout, args.layout, limits, book,
-                     progress=None if args.json else lambda line: print(line, flush=True))
+                     progress=None if args.json else lambda line: print(line, flush=True), stop=stopping)
     except KeyboardInterrupt:
         print(f"interrupted: {book.json_path} and {book.csv_path} hold the submissions graded so far; "
               "run the same command again to grade the rest", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     if not args.json:
         print(format_gradebook(rows))
         print(f"wrote {book.csv_path} and {book.json_path}")

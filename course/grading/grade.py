@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,9 +272,12 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
 
 def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None = None, layout: str = "folders",
           limits: Limits | None = None, gradebook: Gradebook | None = None,
-          progress: Callable[[str], None] | None = None) -> list[dict]:
+          progress: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> list[dict]:
     """Grade every submission found under ``paths``; with ``gradebook``, skip the unchanged submissions it
-    already holds and write it after each submission. Returns the rows (the gradebook's, when given)."""
+    already holds and write it after each submission. Returns the rows (the gradebook's, when given).
+
+    ``stop``: set by a signal handler; the submission being graded then is not recorded, whatever its
+    interrupted run returned, and ``KeyboardInterrupt`` is raised."""
     if not sys.platform.startswith("linux"):
         raise ValueError("grading needs Linux (the sandbox uses prctl and /proc): run it in a Linux container or VM")
     rows: list[dict] = []
@@ -285,6 +289,8 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
         if progress:
             progress(f"grading {sub.path} ...")
         new = grade_submission(sub, timeout, total_timeout, limits)
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
         rows += new
         if gradebook is not None:
             gradebook.replace(str(sub.path), new)
