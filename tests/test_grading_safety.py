@@ -19,7 +19,7 @@ import torch
 
 from course.__main__ import main
 from course.grading import wire
-from course.grading.grade import grade
+from course.grading.grade import Limits, grade
 from course.grading.gradebook import Gradebook, csv_cell
 from course.grading.release import BANNER_ID, ReleaseError, release
 from course.grading.remote import _Handles
@@ -173,6 +173,14 @@ def test_sigterm_leaves_a_valid_partial_gradebook_and_nothing_else(tmp_path):
     assert _marked_processes(mark) == []  # neither the kernel nor its supervisor
 
 
+def test_a_cell_that_prints_too_much_is_interrupted(tmp_path):
+    flood = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 2**20)\n    sys.stdout.flush()\n"
+    _tiny(tmp_path / "class" / "alice" / "01_kv_cache.ipynb", flood + GOOD, CHECK)
+    rows = {r["exercise"]: r for r in grade([tmp_path / "class"], timeout=60, limits=Limits(output_mb=1))}
+    kv = rows["01.kv_cache_bytes"]  # its function is defined after the flood, so never
+    assert kv["status"] == "not_reached" and "OutputLimit: interrupted after printing more than 1 MB" in kv["feedback"]
+
+
 # ----------------------------------------------------------------------------- the wire
 def test_only_plain_data_crosses_the_wire():
     import pickle
@@ -260,3 +268,36 @@ def test_release_touches_only_what_it_wrote(tmp_path):
     with pytest.raises(ReleaseError, match="did not write .*09_x.ipynb"):
         release(solutions, out)
     assert (out / "09_x.ipynb").read_text() == "{}"
+
+
+# ----------------------------------------------------------------------------- the sandbox supervisor
+DETACH = """
+import os, subprocess, sys, time
+daemon = '''
+import os, time
+if os.fork():
+    os._exit(0)
+with open(PID, "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(300)
+'''.replace("PID", repr(sys.argv[1]))
+subprocess.Popen([sys.executable, "-c", daemon], start_new_session=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+"""
+
+
+def test_the_supervisor_kills_what_detached_itself(tmp_path):
+    """A double-forked, setsid daemon started under the supervisor is dead when the supervisor returns
+    (without the supervisor's kill it is re-parented to init and lives on)."""
+    pid_file, child = tmp_path / "daemon.pid", tmp_path / "child.py"
+    child.write_text(DETACH)
+    done = subprocess.run([sys.executable, "-m", "course.grading.sandbox", "--cpu", "60", "--memory", "4096",
+                           "--files", "16", "--", sys.executable, str(child), str(pid_file)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert done.returncode == 0 and pid_file.exists()
+    pid = int(pid_file.read_text())
+    alive = Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "the detached daemon outlived its supervisor"
