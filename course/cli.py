@@ -508,27 +508,62 @@ def _release(args: argparse.Namespace) -> dict:
 # ----------------------------------------------------------------------------- grade
 def _grade_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="submitted notebooks, or folders searched recursively for *.ipynb; the student is the "
-                        "file name's prefix before '__' (alice__01_kv_cache.ipynb), else the folder's name")
+                   help="submitted notebooks, or class folders searched recursively for *.ipynb")
+    p.add_argument("--layout", choices=["folders", "flat"], default="folders",
+                   help="who a notebook belongs to: folders (default): PATH/STUDENT/.../NN_name.ipynb; "
+                        "flat: PATH/STUDENT__NN_name.ipynb (see docs/grading.md)")
     p.add_argument("--timeout", type=positive_int, default=300, help="seconds each cell may run (default 300)")
     p.add_argument("--total-timeout", type=positive_int, default=None,
                    help="seconds a whole notebook may run (default: 6 x --timeout)")
+    p.add_argument("--memory", type=positive_int, default=8192,
+                   help="MB of address space each kernel process may use (default 8192)")
+    p.add_argument("--max-output", type=positive_int, default=10,
+                   help="MB a cell may print before it is interrupted (default 10)")
     p.add_argument("--out", default="gradebook",
-                   help="folder for gradebook.csv and gradebook.json (default: ./gradebook)")
+                   help="folder for gradebook.csv and gradebook.json, written after every submission; "
+                        "unchanged submissions already in it are not graded again (default: ./gradebook)")
+    p.add_argument("--regrade", action="store_true", help="grade every submission again, ignoring --out's gradebook")
     p.add_argument("--json", action="store_true")
 
 
 def _grade(args: argparse.Namespace) -> dict:
+    import signal
+    import sys
+    import threading
     from pathlib import Path
 
-    from course.grading.grade import format_gradebook, grade, totals, write_gradebook
+    from course.grading.gradebook import Gradebook, format_gradebook, totals
+    from course.grading.grade import grade
+    from course.grading.sandbox import Limits
+    from course.grading.submissions import find_submissions
 
-    rows = grade(args.paths, args.timeout, args.total_timeout, progress=not args.json)
-    csv_path, json_path = write_gradebook(rows, Path(args.out))
+    find_submissions(args.paths, args.layout)  # a missing PATH is reported before --out is created
+    book = Gradebook(Path(args.out), regrade=args.regrade)  # checked before anything is graded
+    total = args.total_timeout or 6 * args.timeout
+    limits = Limits(cpu_seconds=2 * total, memory_mb=args.memory, output_mb=args.max_output)
+
+    stopping = threading.Event()
+
+    def stop(signum: int, frame: object) -> None:
+        if not stopping.is_set():  # a second signal must not cut the clean-up short
+            stopping.set()
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rows = grade(args.paths, args.timeout, args.total_timeout, args.layout, limits, book,
+                     progress=None if args.json else lambda line: print(line, flush=True), stop=stopping)
+    except KeyboardInterrupt:
+        print(f"interrupted: {book.json_path} and {book.csv_path} hold the submissions graded so far; "
+              "run the same command again to grade the rest", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     if not args.json:
         print(format_gradebook(rows))
-        print(f"wrote {csv_path} and {json_path}")
-    return {"rows": rows, "totals": totals(rows), "gradebook": [str(csv_path), str(json_path)]}
+        print(f"wrote {book.csv_path} and {book.json_path}")
+    return {"rows": rows, "totals": totals(rows), "gradebook": [str(book.csv_path), str(book.json_path)]}
 
 
 # ----------------------------------------------------------------------------- check-outputs

@@ -9,6 +9,9 @@ answer raises ``ExerciseFailed`` with a hint aimed at the likely mistake; an exe
 done (``raise NotImplementedError()``) raises ``NotDoneYet``, unless ``autofill`` is on, in
 which case the reference is used (with a visible warning) so the notebook still runs end to
 end. Exercises are marked with nbgrader's ``### BEGIN SOLUTION`` / ``### END SOLUTION``.
+
+Under the autograder (``python -m course grade``), ``check`` hands the function to the grader, which
+runs the checker in its own process (``course.grading.remote``); see docs/grading.md.
 """
 
 from course.grading.core import REGISTRY, Exercise, ExerciseFailed, NotDoneYet, Wrong, check, exercise

@@ -1,17 +1,24 @@
 """Student copies of the solution notebooks: ``python -m course release [--check]``.
 
 Every ``notebooks/NN_*.ipynb`` (the solution version) becomes ``notebooks/student/NN_*.ipynb``:
-in code cells, each region from a ``### BEGIN SOLUTION`` line to its ``### END SOLUTION`` line
-(both included) becomes ``raise NotImplementedError()`` at the indentation of the BEGIN line;
-outputs and execution counts are cleared; a banner cell is added at the top; everything else
-(cell ids, tags such as ``parameters`` and ``colab``, markdown) is kept. The output depends only
-on the solution notebook, so releasing twice writes identical bytes, and ``--check`` can tell
-whether the committed student copies are up to date.
+in every cell, each region from a ``### BEGIN SOLUTION`` line to its ``### END SOLUTION`` line
+(both included) becomes ``raise NotImplementedError()`` in code cells (at the indentation of the
+BEGIN line) and ``YOUR ANSWER HERE`` in markdown and raw cells (in markdown, text in backticks is
+quoted code, not a marker); outputs and execution counts are cleared; a banner cell (id
+``student-version``) is added at the top; everything else (cell ids, tags such as ``parameters`` and
+``colab``) is kept. The output depends only on the solution notebook, so releasing twice writes
+identical bytes, and ``--check`` can tell whether the committed student copies are up to date.
+
+Release never destroys: it refuses an output folder that is, or contains, the solution folder; it
+only overwrites or deletes a notebook that carries its banner cell (the banner is the record of
+what release wrote: a notebook without it is never touched, and release stops, naming it); and it
+converts every notebook before writing any.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +28,7 @@ __all__ = ["ReleaseError", "Difference", "strip_solutions", "student_notebook", 
 
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
 STUDENT_STUB = "raise NotImplementedError()"
+TEXT_STUB = "YOUR ANSWER HERE"
 BANNER_ID = "student-version"
 SOLUTION_GLOB = "[0-9]*.ipynb"
 
@@ -37,23 +45,33 @@ class Difference:
     problem: str  # "differs", "missing" or "no solution notebook"
 
 
-def strip_solutions(source: str, where: str) -> str:
-    """Replace every solution region of one code cell's ``source`` by ``raise NotImplementedError()``.
+def _is_marker(line: str, marker: str, cell_type: str) -> bool:
+    if cell_type == "markdown":
+        line = re.sub(r"`+[^`]*`+", "", line)  # quoted code mentions markers, it is not one
+    return marker in line
 
-    A marker is any line containing ``BEGIN SOLUTION`` or ``END SOLUTION`` (nbgrader's rule); they
-    must come in pairs, not nested. ``where`` names the cell in error messages.
+
+def strip_solutions(source: str, where: str, cell_type: str = "code") -> str:
+    """Replace every solution region of one cell's ``source`` by the stub of its cell type.
+
+    A marker is any line containing ``BEGIN SOLUTION`` or ``END SOLUTION`` (nbgrader's rule; in
+    markdown, outside backticks); they must come in pairs, not nested. ``where`` names the cell in
+    error messages.
     """
+    stub = STUDENT_STUB if cell_type == "code" else TEXT_STUB
     out: list[str] = []
     begin_line: int | None = None
     for number, line in enumerate(source.split("\n"), start=1):
-        if BEGIN in line:
+        if _is_marker(line, BEGIN, cell_type):
             if begin_line is not None:
                 raise ReleaseError(f"{where}: nested '{BEGIN}' at line {number} "
                                    f"(the region opened at line {begin_line} is not closed)")
+            if _is_marker(line, END, cell_type):
+                raise ReleaseError(f"{where}: '{BEGIN}' and '{END}' on the same line {number}")
             begin_line = number
-            indent = line[: len(line) - len(line.lstrip())]
-            out.append(indent + STUDENT_STUB)
-        elif END in line:
+            indent = line[: len(line) - len(line.lstrip())] if cell_type == "code" else ""
+            out.append(indent + stub)
+        elif _is_marker(line, END, cell_type):
             if begin_line is None:
                 raise ReleaseError(f"{where}: '{END}' at line {number} without a '{BEGIN}' before it")
             begin_line = None
@@ -85,8 +103,8 @@ def student_notebook(solution_text: str, solution_name: str) -> str:
         where = f"{solution_name}, cell {number} (id {cell.get('id')})"
         if cell.get("id") == BANNER_ID:
             raise ReleaseError(f"{where}: the id {BANNER_ID!r} is reserved for the banner of the student copy")
+        cell.source = strip_solutions(cell.source, where, cell.cell_type)
         if cell.cell_type == "code":
-            cell.source = strip_solutions(cell.source, where)
             cell.outputs = []
             cell.execution_count = None
     nb.cells.insert(0, _banner(solution_name))
@@ -106,16 +124,39 @@ def _expected(solution_dir: Path) -> dict[str, str]:
     return {p.name: student_notebook(p.read_text(encoding="utf-8"), p.name) for p in _solutions(solution_dir)}
 
 
-def release(solution_dir: Path, student_dir: Path) -> list[Path]:
-    """Write the student copy of every solution notebook; remove copies whose solution is gone.
+def _written_by_release(path: Path) -> bool:
+    """Whether ``path`` is a student copy (its first cell is release's banner): the only files release replaces."""
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        return nb["cells"][0].get("id") == BANNER_ID
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return False
 
-    Every notebook is converted before anything is written, so a bad marker changes no file.
-    Returns the paths written.
+
+def _refuse_destructive(solution_dir: Path, student_dir: Path, expected: dict[str, str]) -> None:
+    solutions, students = solution_dir.resolve(), student_dir.resolve()
+    if students == solutions or solutions.is_relative_to(students):
+        raise ReleaseError(f"--out {student_dir} is or contains the solution folder {solution_dir}: the solution "
+                           "notebooks would be replaced; choose another folder (default: <notebooks>/student)")
+    if student_dir.exists() and not student_dir.is_dir():
+        raise ReleaseError(f"--out {student_dir} is a file, not a folder")
+    foreign = [p for p in (student_dir / name for name in expected) if p.exists() and not _written_by_release(p)]
+    if foreign:
+        raise ReleaseError(f"--out {student_dir} holds notebooks that release did not write (no student-version "
+                           f"banner): {', '.join(p.name for p in foreign)}; move them or choose another folder")
+
+
+def release(solution_dir: Path, student_dir: Path) -> list[Path]:
+    """Write the student copy of every solution notebook; remove student copies whose solution is gone.
+
+    Every notebook is converted, and the output folder checked, before anything is written, so a bad
+    marker or a destructive ``student_dir`` changes no file. Returns the paths written.
     """
     expected = _expected(solution_dir)
+    _refuse_destructive(solution_dir, student_dir, expected)
     student_dir.mkdir(parents=True, exist_ok=True)
     for stale in student_dir.glob(SOLUTION_GLOB):
-        if stale.name not in expected:
+        if stale.name not in expected and _written_by_release(stale):
             stale.unlink()
     written = []
     for name, text in expected.items():
