@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from course.evaluate import continuation_nll
+from course.evaluate import compress_prompt, continuation_nll
 from course.grading.core import Wrong, exercise
 from course.grading.exercises.fixtures import CallCounter, tiny_model
 from course.policies import H2O, FullCache, SlidingWindow, SnapKV
@@ -51,13 +51,11 @@ def _check_cache_tokens(fn) -> None:
 def compressed_perplexity(model, ids: Tensor, context: int, policy) -> float:
     """Perplexity of ids[:, context:] after compressing the cache of ids[:, :context] with ``policy``.
 
-    Run ids[:, :context - 1] through a fresh cache, call ``cache.compress()``, then feed ids[:, context - 1],
-    ids[:, context], ... one token at a time, scoring each next token.
+    Compress the cache of ids[:, :context - 1] (``compress_prompt``: full attention, then the policy's budget),
+    then feed ids[:, context - 1], ids[:, context], ... one token at a time, scoring each next token.
     """
-    cache = model.new_cache(ids.shape[0], policy)
+    cache, _ = compress_prompt(model, ids[:, : context - 1], policy)
     with torch.inference_mode():
-        model(ids[:, : context - 1], cache=cache)
-        cache.compress()
         nll = []
         for t in range(context - 1, ids.shape[1] - 1):
             logits = model(ids[:, t : t + 1], cache=cache).logits[:, -1]
@@ -79,8 +77,8 @@ def _check_protocol(fn) -> None:
             continue
         full = math.exp(continuation_nll(model, ids, 24, FullCache()).double().mean().item())
         if abs(got - full) <= 1e-6 * full:
-            raise Wrong("that is the full-cache perplexity: call cache.compress() after the context, and score the "
-                        "continuation through that cache")
+            raise Wrong("that is the full-cache perplexity: compress the context's cache (compress_prompt), and score "
+                        "the continuation through that cache")
         if any(n > 1 for n in counter.calls[1:]):
             raise Wrong("after compressing, feed one token at a time: several tokens at once attend with full "
                         "attention to each other and the policy does not evict between them")
