@@ -71,6 +71,7 @@ class LayerCache:
     positions: Tensor  # [B, H_kv, capacity] long; -1 where unused
     length: int = 0
     stats: dict[str, Tensor] = field(default_factory=dict)  # name -> [B, H_kv, capacity]
+    max_capacity: int | None = None  # doubling stops here (a budgeted cache: budget + 1), unless more are needed
 
     @property
     def capacity(self) -> int:
@@ -91,7 +92,10 @@ class LayerCache:
         """Grow storage (doubling) so that ``needed`` slots fit."""
         if needed <= self.capacity:
             return
-        new_cap = max(needed, 2 * self.capacity, 16)
+        new_cap = max(2 * self.capacity, 16)
+        if self.max_capacity is not None:
+            new_cap = min(new_cap, self.max_capacity)
+        new_cap = max(needed, new_cap)
 
         def grow(t: Tensor, fill: float) -> Tensor:
             out = _storage((*t.shape[:2], new_cap, *t.shape[3:]), fill, t.dtype, t.device)
@@ -160,6 +164,7 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         capacity: int = 64,
+        max_tokens: int | None = None,
     ) -> None:
         from course.policies import FullCache  # local import: policies imports this module
 
@@ -168,9 +173,18 @@ class KVCache:
                 f"KVCache needs n_layers, batch, kv_heads, head_dim >= 1, got "
                 f"{n_layers}, {batch}, {kv_heads}, {head_dim}"
             )
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
+            raise ValueError(f"max_tokens must be an integer >= 1 (or None), got {max_tokens!r}")
         self.policy: Policy = policy if policy is not None else FullCache()
-        if self.policy.budget is not None:
-            capacity = self.policy.budget + 1
+        # Allocate for min(budget, tokens that can exist): a budgeted cache starts at most at
+        # ``capacity`` slots (or ``max_tokens``, the most the caller will feed) and doubles up to
+        # budget + 1, so a budget far above the stream's length costs no memory.
+        limit = None if self.policy.budget is None else self.policy.budget + 1
+        if max_tokens is not None:
+            capacity = max_tokens
+        if limit is not None:
+            capacity = min(capacity, limit)
         self.shape = (n_layers, batch, kv_heads, head_dim)
         self.dtype = dtype
         self.layers = [
@@ -178,6 +192,7 @@ class KVCache:
                 keys=_storage((batch, kv_heads, capacity, head_dim), 0.0, dtype, device),
                 values=_storage((batch, kv_heads, capacity, head_dim), 0.0, dtype, device),
                 positions=_storage((batch, kv_heads, capacity), -1, torch.long, device),
+                max_capacity=limit,
             )
             for _ in range(n_layers)
         ]

@@ -87,7 +87,9 @@ def check(id: str, fn: Callable, autofill: bool = False) -> Callable:
     parameter) is true or ``COURSE_AUTOFILL=1`` is set: then the reference is returned.
     """
     ex = get(id)
-    autofill = bool(autofill) or _autofill_from_env()
+    if not isinstance(autofill, bool):  # bool("False") is True: a string must not switch it on
+        raise TypeError(f"autofill must be True or False, got {autofill!r} ({type(autofill).__name__})")
+    autofill = autofill or _autofill_from_env()
     status, feedback = result_of(ex, fn)
     grade_out = os.environ.get(GRADE_OUT_ENV)
     if grade_out:  # autograder: record, never stop the notebook, carry on with the reference

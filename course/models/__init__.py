@@ -155,7 +155,7 @@ def load_hf_model(name: str, dtype: torch.dtype = torch.float32, attn: str = "ea
                                       "hub only. Offline, use model='smollm2-135m' (after `python -m course fetch`).")
         src = GPT2_HUB_ID
     elif name == "smollm2-135m":
-        if assets.status()["smollm2-135m"] or _hub_offline():
+        if assets.smollm2_dir().exists() or _hub_offline():  # fetched (even if damaged: say so, never fall back)
             src = str(assets.require("smollm2-135m"))
         else:  # online and not fetched: the original weights from the hub
             src = SMOLLM2_HUB_ID
