@@ -141,12 +141,17 @@ def ensure_writable(folder: Path) -> None:
 
     Called before any long work whose result goes into the cache."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
-        os.close(fd)
-        os.unlink(probe)
+        _probe_write(folder)
     except OSError as e:
         raise _unusable(cache_dir(), f"{folder} is not writable ({e.strerror or e})") from None
+
+
+def _probe_write(folder: Path) -> None:
+    """Create ``folder`` if needed, then create and remove a file in it (raises ``OSError`` if it cannot)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+    os.close(fd)
+    os.unlink(probe)
 
 
 def smollm2_dir() -> Path:

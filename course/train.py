@@ -28,6 +28,7 @@ import io
 import json
 import math
 import pickle
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -295,8 +296,8 @@ def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool =
         stored, damage = _load_run(cfg, path, task.vocab, device)
         if stored is not None:
             return stored
-        if damage and progress:
-            print(f"the stored run {path} is damaged ({damage}); training it again", flush=True)
+        if damage:
+            print(f"the stored run {path} is damaged ({damage}); training it again", file=sys.stderr, flush=True)
     if save:
         try:
             ensure_writable(path.parent)

@@ -111,7 +111,7 @@ def from_transformers(hf_model: nn.Module, name: str = "model") -> CausalLM:
     mapped = _gpt2_weights(sd, cfg) if cfg.family == "gpt2" else _llama_weights(sd, cfg)
     dtype = next(hf_model.parameters()).dtype
     model.to(dtype)
-    missing, unexpected = model.load_state_dict({k: v.detach().clone() for k, v in mapped.items()}, strict=False)
+    missing, unexpected = model.load_state_dict(mapped, strict=False)  # copies into the model: no clone needed
     missing = [m for m in missing if m != "lm_head.weight"]  # tied to tok_emb
     if missing or unexpected:
         raise RuntimeError(f"weight copy incomplete: missing {missing}, unexpected {unexpected}")
