@@ -50,6 +50,7 @@ __all__ = [
     "ASSETS",
     "verify",
     "ensure_writable",
+    "probe_write",
     "Download",
     "cache_dir",
     "fetch",
@@ -141,12 +142,12 @@ def ensure_writable(folder: Path) -> None:
 
     Called before any long work whose result goes into the cache."""
     try:
-        _probe_write(folder)
+        probe_write(folder)
     except OSError as e:
         raise _unusable(cache_dir(), f"{folder} is not writable ({e.strerror or e})") from None
 
 
-def _probe_write(folder: Path) -> None:
+def probe_write(folder: Path) -> None:
     """Create ``folder`` if needed, then create and remove a file in it (raises ``OSError`` if it cannot)."""
     folder.mkdir(parents=True, exist_ok=True)
     fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")

@@ -72,6 +72,20 @@ def device_name(text: str) -> str:
     return text
 
 
+def check_out_folder(path: str, label: str = "--out") -> None:
+    """Before long work: the output folder can be created and written (else a one-line ``ValueError``)."""
+    from pathlib import Path
+
+    from course.assets import probe_write
+
+    if not path.strip():
+        raise ValueError(f"{label} must name a folder, got {path!r}")
+    try:
+        probe_write(Path(path))
+    except OSError as e:
+        raise ValueError(f"{label} {path!r} is not a writable folder ({e.strerror or e})") from None
+
+
 # ----------------------------------------------------------------------------- fetch
 def _fetch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("names", nargs="*", default=["smollm2-135m", "austen"],
@@ -315,6 +329,8 @@ def _bench(args: argparse.Namespace) -> dict:
 
     from course.bench import markdown_tables, run_bench, save_report
 
+    if not args.json:
+        check_out_folder(args.out)
     result = run_bench(args.model, args.device, args.quick, progress=not args.json)
     if not args.json:
         paths = save_report(result, Path(args.out))
@@ -372,6 +388,7 @@ def _grade(args: argparse.Namespace) -> dict:
 
     from course.grading.grade import format_gradebook, grade, totals, write_gradebook
 
+    check_out_folder(args.out)
     rows = grade(args.paths, args.timeout, args.total_timeout, progress=not args.json)
     csv_path, json_path = write_gradebook(rows, Path(args.out))
     if not args.json:

@@ -145,14 +145,14 @@ def read_only(monkeypatch):
                 p.chmod(0o555)
         made.append(root)
         if os.geteuid() == 0:
-            real = assets._probe_write
+            real = assets.probe_write
 
             def probe(folder: Path) -> None:
                 if Path(folder).resolve().is_relative_to(root.resolve()):
                     raise PermissionError(13, "Permission denied", str(folder))
                 real(folder)
 
-            monkeypatch.setattr(assets, "_probe_write", probe)
+            monkeypatch.setattr(assets, "probe_write", probe)
         return root
 
     yield apply
@@ -277,6 +277,21 @@ def test_fetch_on_a_read_only_cache(capsys, cache_copy, read_only):
     line = assert_one_error_line(*run_cli(capsys, "fetch", "--force")[::2], r"is not writable")
     assert str(cache_copy) in line and "ready" not in line
     assert snapshot(cache_copy) == before
+
+
+@pytest.mark.parametrize("command", [["bench", "--quick"], ["grade", "x.ipynb"]])
+def test_output_folder_is_checked_before_the_work(capsys, tmp_path, monkeypatch, command):
+    from course.bench import run_bench  # noqa: F401  (imported before it is patched)
+    from course.grading import grade as grade_module
+    import course.bench as bench_module
+
+    monkeypatch.setattr(bench_module, "run_bench", lambda *a, **k: pytest.fail("the benchmark started"))
+    monkeypatch.setattr(grade_module, "grade", lambda *a, **k: pytest.fail("grading started"))
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    line = assert_one_error_line(*run_cli(capsys, *command, "--out", str(a_file / "sub"))[::2],
+                                 r"--out .* is not a writable folder \(Not a directory\)")
+    assert str(a_file) in line and a_file.read_text() == "x"
 
 
 # ----------------------------------------------------------------------------- the table: damaged files
