@@ -25,6 +25,8 @@ def load_text(source: str | Path, book: str | None = None) -> str:
     * ``load_text("pg19")`` / ``load_text("wikitext")``: one test document through the
       ``datasets`` package (online machines only; ``book`` picks the index, default 0).
     """
+    if isinstance(source, str) and not source.strip():
+        raise ValueError("source must be 'austen', 'pg19', 'wikitext' or the path of a text file, got ''")
     if isinstance(source, Path) or (isinstance(source, str) and source not in CORPORA and Path(source).exists()):
         return "".join(read_text_file(source))
     if not isinstance(source, str):
@@ -54,7 +56,7 @@ def check_text_file(path: str | Path, label: str = "text file") -> Path:
         raise ValueError(f"{label} {str(p)!r} does not exist")
     if p.is_dir():
         raise ValueError(f"{label} {str(p)!r} is a directory, not a text file")
-    next(read_text_file(p, label=label), None)
+    any(piece.strip() for piece in read_text_file(p, label=label))  # stops at the first text; raises if none
     return p
 
 
@@ -71,13 +73,14 @@ def read_text_file(path: str | Path, first_block: int = 1 << 16, label: str = "t
         with open(p, "rb") as f:
             while True:
                 raw = f.read(size)
+                pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
                 try:
                     text = decoder.decode(raw, final=not raw)
                 except UnicodeDecodeError as e:
                     hint = "; it looks like UTF-16: re-save it as UTF-8" if offset == 0 and raw[:2] in (
                         b"\xff\xfe", b"\xfe\xff") else ""
                     raise ValueError(f"{label} {str(p)!r} is not UTF-8 text: {e.reason} at byte "
-                                     f"{offset + e.start}{hint}") from None
+                                     f"{offset - pending + e.start}{hint}") from None
                 if "\x00" in text:
                     at = offset + len(raw[: raw.find(b"\x00")]) if b"\x00" in raw else offset
                     raise ValueError(f"{label} {str(p)!r} contains NUL bytes (at byte {at}): a binary file, not text")
