@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import shutil
 import struct
 import subprocess
@@ -281,9 +280,8 @@ def test_fetch_on_a_read_only_cache(capsys, cache_copy, read_only):
 
 @pytest.mark.parametrize("command", [["bench", "--quick"], ["grade", "x.ipynb"]])
 def test_output_folder_is_checked_before_the_work(capsys, tmp_path, monkeypatch, command):
-    from course.bench import run_bench  # noqa: F401  (imported before it is patched)
-    from course.grading import grade as grade_module
     import course.bench as bench_module
+    from course.grading import grade as grade_module
 
     monkeypatch.setattr(bench_module, "run_bench", lambda *a, **k: pytest.fail("the benchmark started"))
     monkeypatch.setattr(grade_module, "grade", lambda *a, **k: pytest.fail("grading started"))
