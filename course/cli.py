@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import platform
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,10 +25,17 @@ class Command:
         p.set_defaults(run=self.run)
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+SEED_MAX = 2**32 - 1  # seeds: what every generator (torch, numpy, random) accepts
+
+
+def _int(text: str, low: int, high: int | None = None) -> int:
+    allowed = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {text}")
     return value
 
 
@@ -40,17 +49,36 @@ def model_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _int(text, 1)
+
+
 def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    """argparse type: an integer >= 0."""
+    return _int(text, 0)
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a seed, 0 .. 2**32 - 1."""
+    return _int(text, 0, SEED_MAX)
+
+
+def unit_float(text: str) -> float:
+    """argparse type: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r}")
     return value
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", type=model_name,
                    help="auto, gpt2, smollm2-135m (default), gpt2-random, or a Hugging Face checkpoint")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--device", default="auto", type=device_name, help="cpu, cuda, cuda:N, mps or auto")
 
 
 def _policy_args(p: argparse.ArgumentParser, policies: list[str], default: str, budget: int | list[int]) -> None:
@@ -75,14 +103,37 @@ def _policy_for(args: argparse.Namespace, budget: int, model=None):
                        positions=args.positions, model=model)
 
 
+def device_name(text: str) -> str:
+    """argparse type: auto, cpu, cuda, cuda:N or mps (whether it exists is checked when it is used)."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", text):
+        raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda, cuda:N or mps, got {text!r}")
+    return text
+
+
+def check_out_folder(path: str, label: str = "--out") -> None:
+    """Before long work: the output folder can be created and written (else a one-line ``ValueError``)."""
+    from pathlib import Path
+
+    from course.assets import probe_write
+
+    if not path.strip():
+        raise ValueError(f"{label} must name a folder, got {path!r}")
+    try:
+        probe_write(Path(path))
+    except OSError as e:
+        raise ValueError(f"{label} {path!r} is not a writable folder ({e.strerror or e})") from None
+
+
 # ----------------------------------------------------------------------------- fetch
 def _fetch_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("names", nargs="*", default=["smollm2-135m", "austen"], help="assets (default: all)")
-    p.add_argument("--force", action="store_true", help="fetch again even if present")
+    p.add_argument("names", nargs="*", default=["smollm2-135m", "austen"],
+                   help="assets: smollm2-135m, austen (default: both)")
+    p.add_argument("--force", action="store_true", help="derive again even if present and intact")
     p.add_argument("--json", action="store_true")
 
 
 def _fetch(args: argparse.Namespace) -> dict:
+    """Fetch, verify every checksum, repair what is damaged."""
     from course import assets
 
     folders = assets.fetch(tuple(args.names), progress=not args.json, force=args.force)
@@ -94,6 +145,8 @@ def _fetch(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- info
 def _info_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verify", action="store_true",
+                   help="check the SHA-256 of every cached file (exit status 2 if one is damaged)")
     p.add_argument("--json", action="store_true")
 
 
@@ -104,7 +157,8 @@ def _info(args: argparse.Namespace) -> dict:
     from course import __version__, assets
     from course.models import gpt2_available
 
-    status = assets.status()
+    problems = assets.verify(full=args.verify)
+    status = {name: not found for name, found in problems.items()}
     gpt2_ok, gpt2_why = gpt2_available()
     info = {
         "course": __version__,
@@ -118,6 +172,8 @@ def _info(args: argparse.Namespace) -> dict:
         "models": {"smollm2-135m": status["smollm2-135m"], "gpt2": gpt2_ok,
                    "gpt2-random": status["smollm2-135m"]},  # random weights, SmolLM2's tokenizer
         "corpora": {"austen": status["austen"]},
+        "problems": {name: [str(p) for p in found] for name, found in problems.items()},
+        "verified": "sha256" if args.verify else "size and mtime",
     }
     if not args.json:
         print(f"attention-sinks-course {info['course']}  python {info['python']}  torch {info['torch']}  "
@@ -125,12 +181,23 @@ def _info(args: argparse.Namespace) -> dict:
         print(f"device: {info['device']}" + (f" ({info['gpu']})" if info["gpu"] else f" ({info['cpu_threads']} threads)"))
         print(f"cache:  {info['cache_dir']}")
         yes = {True: "available", False: "missing"}
-        print(f"model smollm2-135m: {yes[status['smollm2-135m']]}")
+
+        def state(name: str) -> str:
+            if not problems[name]:
+                return "available" + (" (every SHA-256 checked)" if args.verify else "")
+            return "missing" if not assets.folder_of(name).exists() else f"DAMAGED: {problems[name][0]}"
+
+        print(f"model smollm2-135m: {state('smollm2-135m')}")
         print(f"model gpt2:         {yes[gpt2_ok]} ({gpt2_why})")
-        print(f"model gpt2-random:  {yes[status['smollm2-135m']]} (GPT-2's shapes, random weights, SmolLM2's tokenizer)")
-        print(f"corpus austen:      {yes[status['austen']]}")
+        print(f"model gpt2-random:  {state('smollm2-135m')} (GPT-2's shapes, random weights, SmolLM2's tokenizer)")
+        print(f"corpus austen:      {state('austen')}")
         if not all(status.values()):
-            print("Run `python -m course fetch` to bring the missing assets.")
+            print("Run `python -m course fetch` to bring the missing assets and repair damaged ones.")
+    if args.verify and not all(status.values()):
+        if args.json:
+            print(json.dumps(info, indent=1, default=str))
+        name = next(n for n, ok in status.items() if not ok)
+        raise assets.AssetDamaged(f"{name}: {problems[name][0]}; run `python -m course fetch {name}` to repair it")
     return info
 
 
@@ -139,33 +206,59 @@ def _stream_args(p: argparse.ArgumentParser) -> None:
     _model_args(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--corpus", default="austen", help="austen (default), pg19 or wikitext")
-    src.add_argument("--text-file", help="a local UTF-8 text file")
+    src.add_argument("--text-file", help="a local UTF-8 text file (only its first --tokens tokens are read)")
     p.add_argument("--book", default=None, help="with --corpus austen: one novel, e.g. pride_and_prejudice")
     _policy_args(p, ["full", "window", "streaming", "h2o", "random"], "streaming", 1024)  # SnapKV: see `needle`
     p.add_argument("--tokens", type=positive_int, default=2048)
     p.add_argument("--passages", type=positive_int, default=None,
                    help="measure over N >= 2 passages of --tokens tokens from all six novels (openings, then "
                         "mid-text): the spread instead of one number")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="with --passages: which passages (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="with --passages: which passages (default 0)")
     p.add_argument("--method", choices=["auto", "exact", "decode"], default="auto",
                    help="exact chunked evaluator (default) or the token-by-token decode loop")
     p.add_argument("--json", action="store_true")
 
 
+def _check_text_source(args: argparse.Namespace) -> None:
+    """Check --text-file / --corpus / --book before the model loads (cheap)."""
+    from course.assets import AUSTEN_BOOKS, require
+    from course.data import CORPORA, check_text_file
+
+    if args.text_file is not None:
+        check_text_file(args.text_file, "--text-file")
+        if args.book is not None:
+            raise ValueError("--book goes with --corpus austen, not with --text-file")
+        return
+    if args.corpus not in CORPORA:
+        raise ValueError(f"--corpus must be one of {', '.join(CORPORA)} (or use --text-file PATH), got {args.corpus!r}")
+    if args.corpus == "austen":
+        if args.book is not None and args.book not in AUSTEN_BOOKS.values():
+            raise ValueError(f"--book must be one of {', '.join(AUSTEN_BOOKS.values())}; got {args.book!r}")
+        require("austen")
+
+
+def _stream_ids(args: argparse.Namespace, tok, device):
+    """The first --tokens token ids of the chosen text; a text file is read only as far as needed."""
+    from course.data import load_text, tokenize, tokenize_file
+
+    if args.text_file is not None:
+        return tokenize_file(tok, args.text_file, args.tokens, device, label="--text-file")
+    return tokenize(tok, load_text(args.corpus, args.book), args.tokens, device)
+
+
 def _stream(args: argparse.Namespace) -> dict:
-    from course.data import load_text, tokenize
     from course.models import load_model
     from course.streaming import evaluate_stream
 
     budget = None if args.policy == "full" else args.budget
     _policy_for(args, args.budget)  # bad values: refused before the model loads
+    _check_text_source(args)
     model, tok = load_model(args.model, args.device, verbose=not args.json)
     policy = _policy_for(args, args.budget, model)
     model.config.check_tokens(args.tokens, "--tokens")
     if args.passages is not None:
         return _stream_passages(args, model, tok, policy)
-    text = load_text(args.text_file) if args.text_file else load_text(args.corpus, args.book)
-    ids = tokenize(tok, text, args.tokens, model.device)
+    ids = _stream_ids(args, tok, model.device)
     result = evaluate_stream(model, ids, policy, args.method, progress=not args.json)
     out = {
         "model": model.config.name, "policy": args.policy, "label": policy.label, "positions": policy.position_rule,
@@ -208,10 +301,10 @@ def _stream_passages(args: argparse.Namespace, model, tok, policy) -> dict:
 def _needle_args(p: argparse.ArgumentParser) -> None:
     _model_args(p)
     _policy_args(p, ["full", "window", "streaming", "h2o", "snapkv", "random"], "snapkv", [128])
-    p.add_argument("--depth", type=float, default=0.3, help="where the needle sits, 0 (start) .. 1 (end)")
+    p.add_argument("--depth", type=unit_float, default=0.3, help="where the needle sits, 0 (start) .. 1 (end)")
     p.add_argument("--context", type=positive_int, default=500, help="filler tokens around the needle")
     p.add_argument("--trials", type=positive_int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--json", action="store_true")
 
 
@@ -242,9 +335,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="bigram-backcopy", choices=["bigram-backcopy", "text"])
     p.add_argument("--preset", default="fast", choices=["fast", "full"])
     p.add_argument("--steps", type=positive_int, default=None, help="override the preset's number of steps")
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0, help=f"0 .. {SEED_MAX}")
     p.add_argument("--windows", type=positive_int, nargs="+", default=[2, 8, 16], help="recent windows to evaluate")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", type=device_name)
     p.add_argument("--retrain", action="store_true", help="train even if this run is stored in the cache")
     p.add_argument("--json", action="store_true")
 
@@ -352,6 +445,8 @@ def _bench(args: argparse.Namespace) -> dict:
         return _bench_notebooks(args)
     if args.threads:
         return _bench_threads(args)
+    if not args.json:
+        check_out_folder(args.out)
     result = run_bench(args.model, args.device, args.quick, progress=not args.json)
     if not args.json:
         paths = save_report(result, Path(args.out))
@@ -368,7 +463,7 @@ def _sampling_args(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens)
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling cut-off in (0, 1] (default 1)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampler (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the sampler (default 0)")
 
 
 def _sampler_check(args: argparse.Namespace) -> None:
@@ -493,8 +588,8 @@ def _release(args: argparse.Namespace) -> dict:
     if args.check:
         problems = check_release(solutions, students)
         if problems:
-            listing = "\n".join(f"  {d.path} ({d.problem})" for d in problems)
-            raise RuntimeError(f"the student copies are not up to date; run `python -m course release`:\n{listing}")
+            listing = "\n".join(f"{d.path} ({d.problem})" for d in problems)
+            raise RuntimeError(f"the student copies are not up to date (run `python -m course release`)\n{listing}")
         if not args.json:
             print(f"the student copies in {students} are up to date")
         return {"student_dir": str(students), "up_to_date": True}

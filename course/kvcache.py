@@ -106,6 +106,7 @@ class LayerCache:
     positions: Tensor  # [B, H_kv, capacity] long; -1 where unused
     length: int = 0
     stats: dict[str, Tensor] = field(default_factory=dict)  # name -> [B, H_kv, capacity]
+    max_capacity: int | None = None  # doubling stops here (a budgeted cache: budget + 1), unless more are needed
 
     @property
     def capacity(self) -> int:
@@ -126,7 +127,10 @@ class LayerCache:
         """Grow storage (doubling) so that ``needed`` slots fit."""
         if needed <= self.capacity:
             return
-        new_cap = max(needed, 2 * self.capacity, 16)
+        new_cap = max(2 * self.capacity, 16)
+        if self.max_capacity is not None:
+            new_cap = min(new_cap, self.max_capacity)
+        new_cap = max(needed, new_cap)
 
         def grow(t: Tensor, fill: float) -> Tensor:
             out = _storage((*t.shape[:2], new_cap, *t.shape[3:]), fill, t.dtype, t.device)
@@ -205,6 +209,7 @@ class KVCache:
         device: torch.device | str = "cpu",
         capacity: int = 64,
         chunks: Chunks = "prompt",
+        max_tokens: int | None = None,
     ) -> None:
         if min(n_layers, batch, kv_heads, head_dim) < 1:
             raise ValueError(
@@ -213,10 +218,19 @@ class KVCache:
             )
         if chunks not in ("prompt", "stream"):
             raise ValueError(f"chunks must be 'prompt' or 'stream', got {chunks!r}")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
+            raise ValueError(f"max_tokens must be an integer >= 1 (or None), got {max_tokens!r}")
         self.policy: Policy = policy if policy is not None else FullCache()
         self.chunks: Chunks = chunks
-        if self.policy.budget is not None:
-            capacity = self.policy.budget + 1
+        # Allocate for min(budget, tokens that can exist): a budgeted cache starts at most at
+        # ``capacity`` slots (or ``max_tokens``, the most the caller will feed) and doubles up to
+        # budget + 1, so a budget far above the stream's length costs no memory.
+        limit = None if self.policy.budget is None else self.policy.budget + 1
+        if max_tokens is not None:
+            capacity = max_tokens
+        if limit is not None:
+            capacity = min(capacity, limit)
         self.shape = (n_layers, batch, kv_heads, head_dim)
         self.dtype = dtype
         self.layers = [
@@ -224,6 +238,7 @@ class KVCache:
                 keys=_storage((batch, kv_heads, capacity, head_dim), 0.0, dtype, device),
                 values=_storage((batch, kv_heads, capacity, head_dim), 0.0, dtype, device),
                 positions=_storage((batch, kv_heads, capacity), -1, torch.long, device),
+                max_capacity=limit,
             )
             for _ in range(n_layers)
         ]
@@ -246,9 +261,6 @@ class KVCache:
                 f"this cache holds [batch={self.shape[1]}, kv_heads={self.shape[2]}, head_dim={self.shape[3]}] "
                 f"but layer {layer_idx} gave keys of shape {tuple(k.shape)}: was it made by another model?"
             )
-        if k.dtype != self.dtype:
-            raise ValueError(f"this cache stores {self.dtype} but the model computes {k.dtype}: make the cache "
-                             "with model.new_cache(...), which takes the model's dtype")
         budget = self.policy.budget
         if k.shape[2] == 1 and budget is not None and layer.length >= budget:
             victim = self.policy.scores(layer, self.seen).argmin(dim=-1)  # [B, H_kv]

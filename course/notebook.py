@@ -1,19 +1,92 @@
-"""The few lines every notebook runs after its parameters cell."""
+"""The few lines every notebook runs after its parameters cell, and the checks of its parameters.
+
+Papermill passes ``-p NAME value`` as a Python literal when it can parse one and ``-r NAME value``
+always as a string, so a parameter may arrive as ``False`` or as ``"False"``. Each is checked
+here: booleans accept True/False (or those words as strings), anything else stops the notebook
+with one line naming the parameter, the value and what is allowed.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["configure"]
+__all__ = ["configure", "configure_parameters", "Parameters", "as_bool", "as_model", "as_seed", "as_device"]
+
+MODELS = ("auto", "gpt2", "smollm2-135m")
+SEED_MAX = 2**32 - 1
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
-def configure(fast: bool, model: str, seed: int = 0) -> tuple[bool, str]:
-    """Resolve the run mode: FAST also from ``COURSE_FAST=1``; the model may be pinned by
-    ``COURSE_MODEL`` (the test suite pins the offline one); seed torch. Returns (fast, model)."""
-    fast = bool(fast) or os.environ.get("COURSE_FAST") == "1"
-    model = os.environ.get("COURSE_MODEL") or model
-    torch.manual_seed(seed)
-    print(f"FAST={fast}  MODEL={model}  seed={seed}")
-    return fast, model
+class Parameters(NamedTuple):
+    """The checked parameters of a notebook."""
+
+    fast: bool
+    model: str
+    device: str
+    autofill: bool
+    seed: int
+
+
+def as_bool(name: str, value: object) -> bool:
+    """``value`` as a bool: True/False, or (from ``papermill -r``) one of true/false/1/0/yes/no/on/off."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
+def as_model(name: str, value: object) -> str:
+    """``value`` as a model name (auto, gpt2, smollm2-135m)."""
+    if isinstance(value, str) and value in MODELS:
+        return value
+    raise ValueError(f"{name} must be one of {', '.join(MODELS)}, got {value!r}")
+
+
+def as_seed(name: str, value: object) -> int:
+    """``value`` as a seed: an integer (or its decimal string) from 0 to 2**32 - 1."""
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise ValueError(f"{name} must be an integer from 0 to {SEED_MAX}, got {value!r}")
+    return value
+
+
+def as_device(name: str, value: object) -> str:
+    """``value`` as a device name: auto, cpu, cuda, cuda:N or mps."""
+    if isinstance(value, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value):
+        return value
+    raise ValueError(f"{name} must be auto, cpu, cuda, cuda:N or mps, got {value!r}")
+
+
+def configure_parameters(fast: object, model: object, seed: object = 0, device: object = "auto",
+                         autofill: object = False) -> Parameters:
+    """Check every parameter of a notebook, resolve the run mode and seed torch.
+
+    FAST is also switched on by ``COURSE_FAST=1``; the model may be pinned by ``COURSE_MODEL``
+    (the test suite pins the offline one). Returns ``Parameters(fast, model, device, autofill, seed)``;
+    a notebook unpacks it as ``FAST, MODEL, DEVICE, AUTOFILL, SEED = configure_parameters(...)``."""
+    params = Parameters(
+        fast=as_bool("FAST", fast) or os.environ.get("COURSE_FAST") == "1",
+        model=as_model("COURSE_MODEL", os.environ["COURSE_MODEL"]) if os.environ.get("COURSE_MODEL")
+        else as_model("MODEL", model),
+        device=as_device("DEVICE", device),
+        autofill=as_bool("AUTOFILL", autofill),
+        seed=as_seed("SEED", seed),
+    )
+    torch.manual_seed(params.seed)
+    print(f"FAST={params.fast}  MODEL={params.model}  seed={params.seed}")
+    return params
+
+
+def configure(fast: object, model: object, seed: object = 0) -> tuple[bool, str]:
+    """Check FAST, MODEL and SEED, resolve the run mode and seed torch. Returns (fast, model).
+
+    The notebooks' call ``FAST, MODEL = configure(FAST, MODEL, SEED)``; ``configure_parameters``
+    also checks DEVICE and AUTOFILL."""
+    params = configure_parameters(fast, model, seed)
+    return params.fast, params.model

@@ -24,8 +24,11 @@ with the same configuration loads the stored run unless ``retrain=True``.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
+import pickle
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from course.assets import cache_dir
+from course.assets import CacheUnusable, cache_dir, ensure_writable
+from course.manifest import sha256_of, write_atomic
 from course.models import build_model
 from course.models.base import CausalLM, ModelConfig
 from course.policies import make_policy
@@ -48,6 +52,7 @@ __all__ = [
 ]
 
 Variant = Literal["vanilla", "sink-token", "sink-logit", "off-by-one"]
+SEED_MAX = 2**32 - 1
 VARIANTS = ("vanilla", "sink-token", "sink-logit", "off-by-one")
 
 
@@ -80,6 +85,12 @@ class TrainConfig:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {self.variant!r}")
         if self.task not in ("bigram-backcopy", "text"):
             raise ValueError(f"task must be 'bigram-backcopy' or 'text'; got {self.task!r}")
+        for name in ("steps", "batch", "seq_len", "n_layer", "n_head", "d_model", "d_ff", "log_every", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be an integer from 0 to {SEED_MAX}, got {self.seed}")
         for name in ("steps", "batch", "seq_len", "n_layer", "n_head", "d_model", "d_ff", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -231,16 +242,59 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr
 
 
+def _load_run(cfg: TrainConfig, path: Path, vocab: int, device: str | torch.device) -> tuple[TrainRun | None, str]:
+    """The stored run of ``cfg`` (None, "" when there is none; None, what is wrong when it is damaged)."""
+    weights, log = path / "model.pt", path / "log.json"
+    if not weights.is_file() and not log.is_file():
+        return None, ""
+    try:
+        info = json.loads(log.read_text(encoding="utf-8"))
+        if not isinstance(info, dict) or not isinstance(info.get("log"), list) or "seconds" not in info:
+            raise ValueError("log.json lacks its log or time")
+        if "model_sha256" in info and sha256_of(weights) != info["model_sha256"]:
+            raise ValueError("model.pt does not match the SHA-256 recorded in log.json")
+        model = build_model(model_config(cfg, vocab))
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, KeyError) as e:
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
+    return TrainRun(cfg, model.to(device).eval(), info["log"], float(info["seconds"]), path, loaded=True), ""
+
+
+def _save_run(run: TrainRun) -> None:
+    """Write model.pt, then log.json (with model.pt's SHA-256), each through a renamed temporary file."""
+    assert run.path is not None
+    run.path.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(run.model.state_dict(), buffer)
+    write_atomic(run.path / "model.pt", buffer.getvalue())
+    record = {"config": asdict(run.config), "log": run.log, "seconds": run.seconds,
+              "model_sha256": sha256_of(run.path / "model.pt")}
+    write_atomic(run.path / "log.json", json.dumps(record).encode())
+
+
 def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool = True, retrain: bool = False,
           save: bool = True) -> TrainRun:
-    """Train (or load the stored run of) ``cfg``. Logs loss and sink mass every ``log_every`` steps."""
+    """Train (or load the stored run of) ``cfg``. Logs loss and sink mass every ``log_every`` steps.
+
+    A stored run that is damaged (truncated weights or log) is trained again. With ``save``, the
+    run folder must be writable: that is checked before training starts, not after."""
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
     path = cache_dir() / "runs" / cfg.run_name
     task = make_task(cfg.task)
-    if not retrain and (path / "model.pt").is_file() and (path / "log.json").is_file():
-        model = build_model(model_config(cfg, task.vocab))
-        model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
-        info = json.loads((path / "log.json").read_text())
-        return TrainRun(cfg, model.to(device).eval(), info["log"], info["seconds"], path, loaded=True)
+    damage = ""
+    if not retrain:
+        stored, damage = _load_run(cfg, path, task.vocab, device)
+        if stored is not None:
+            return stored
+        if damage:
+            print(f"the stored run {path} is damaged ({damage}); training it again", file=sys.stderr, flush=True)
+    if save:
+        try:
+            ensure_writable(path.parent)
+        except CacheUnusable as e:
+            raise CacheUnusable(f"the stored run {path} is damaged ({damage}) and cannot be trained again: {e}"
+                                if damage else f"cannot save the run: {e}") from None
 
     torch.manual_seed(cfg.seed)
     model = build_model(model_config(cfg, task.vocab))
@@ -272,11 +326,7 @@ def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool =
     run.seconds = time.perf_counter() - start
     model.eval()
     if save:
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = path / "model.pt.part"
-        torch.save(model.state_dict(), tmp)
-        tmp.rename(path / "model.pt")
-        (path / "log.json").write_text(json.dumps({"config": asdict(cfg), "log": run.log, "seconds": run.seconds}))
+        _save_run(run)
     return run
 
 

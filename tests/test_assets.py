@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import shutil
 import urllib.request
 
@@ -61,6 +63,37 @@ def test_derived_folder_is_complete_only_with_matching_manifest(tmp_path):
     assert is_complete(folder)
     (folder / "a.txt").write_text("hello, truncated?")  # size changed: not trusted
     assert not is_complete(folder)
+
+
+def test_manifest_quick_and_full_checks(tmp_path):
+    """Quick: size, then the hash only when the mtime moved; full: always the hash."""
+    from course.manifest import check_folder
+
+    folder = tmp_path / "derived"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello world")
+    assets._mark_complete(folder, source="test")
+    assert check_folder(folder) == [] and check_folder(folder, full=True) == []
+    record = json.loads((folder / assets.COMPLETE).read_text())["files"]["a.txt"]
+    assert record["size"] == 11 and record["sha256"] == hashlib.sha256(b"hello world").hexdigest()
+    (folder / "a.txt").write_text("HELLO world")  # same size, new mtime: hashed, caught
+    os.utime(folder / "a.txt", ns=(record["mtime_ns"], record["mtime_ns"] + 1))
+    assert "SHA-256" in str(check_folder(folder)[0])
+    os.utime(folder / "a.txt", ns=(record["mtime_ns"], record["mtime_ns"]))  # mtime put back: only full sees it
+    assert check_folder(folder) == [] and "SHA-256" in str(check_folder(folder, full=True)[0])
+    (folder / "a.txt").write_text("hello world")
+    os.utime(folder / "a.txt", ns=(record["mtime_ns"], record["mtime_ns"] + 2))
+    assert check_folder(folder) == []  # same content, touched: still intact
+
+
+def test_publish_replaces_a_folder_only_when_the_new_one_is_complete(tmp_path):
+    final, new = tmp_path / "final", tmp_path / "new"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    new.mkdir()
+    (new / "new.txt").write_text("new")
+    assets._publish(new, final)
+    assert [p.name for p in final.iterdir()] == ["new.txt"] and sorted(p.name for p in tmp_path.iterdir()) == ["final"]
 
 
 def test_fetch_is_idempotent_on_a_fetched_cache(monkeypatch):

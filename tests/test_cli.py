@@ -74,5 +74,7 @@ def test_needle_json(capsys):
 
 
 def test_needle_bad_depth(capsys):
-    assert main(["needle", "--depth", "1.5"]) == 2
-    assert "--depth must be between 0 and 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # refused while parsing, before the model loads
+        main(["needle", "--depth", "1.5"])
+    assert e.value.code == 2
+    assert "--depth: must be a number from 0 to 1, got '1.5'" in capsys.readouterr().err

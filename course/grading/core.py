@@ -105,7 +105,9 @@ def check(id: str, fn: Callable, autofill: bool = False) -> Callable:
     if worker.grading():
         worker.serve(id, fn, ex.reference)
         return fn if result_of(ex, fn)[0] == "pass" else ex.reference
-    autofill = bool(autofill) or _autofill_from_env()
+    if not isinstance(autofill, bool):  # bool("False") is True: a string must not switch it on
+        raise TypeError(f"autofill must be True or False, got {autofill!r} ({type(autofill).__name__})")
+    autofill = autofill or _autofill_from_env()
     status, feedback = result_of(ex, fn)
     if status == "pass":
         print(f"✓ {ex.title}: correct.")

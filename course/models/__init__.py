@@ -137,7 +137,7 @@ def from_transformers(hf_model: nn.Module, name: str = "model") -> CausalLM:
     mapped = _gpt2_weights(sd, cfg) if cfg.family == "gpt2" else _llama_weights(sd, cfg)
     dtype = next(hf_model.parameters()).dtype
     model.to(dtype)
-    missing, unexpected = model.load_state_dict({k: v.detach().clone() for k, v in mapped.items()}, strict=False)
+    missing, unexpected = model.load_state_dict(mapped, strict=False)  # copies into the model: no clone needed
     missing = [m for m in missing if m != "lm_head.weight"]  # tied to tok_emb
     if missing or unexpected:
         raise RuntimeError(f"weight copy incomplete: missing {missing}, unexpected {unexpected}")
@@ -182,7 +182,7 @@ def load_hf_model(name: str, dtype: torch.dtype = torch.float32, attn: str = "ea
                                       "hub only. Offline, use model='smollm2-135m' (after `python -m course fetch`).")
         src = GPT2_HUB_ID
     elif name == "smollm2-135m":
-        if assets.status()["smollm2-135m"] or _hub_offline():
+        if assets.smollm2_dir().exists() or _hub_offline():  # fetched (even if damaged: say so, never fall back)
             src = str(assets.require("smollm2-135m"))
         else:  # online and not fetched: the original weights from the hub
             src = SMOLLM2_HUB_ID

@@ -108,16 +108,18 @@ class CausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
 
-    def new_cache(self, batch: int = 1, policy: Policy | None = None, chunks: Chunks = "prompt") -> KVCache:
+    def new_cache(self, batch: int = 1, policy: Policy | None = None, chunks: Chunks = "prompt",
+                  max_tokens: int | None = None) -> KVCache:
         """An empty cache shaped for this model, managed by ``policy`` (default: keep everything).
 
         ``chunks``: what a forward of several tokens means, ``"prompt"`` (full attention, then
-        ``compress``) or ``"stream"`` (the exact evaluator); see ``KVCache``."""
+        ``compress``) or ``"stream"`` (the exact evaluator); see ``KVCache``. ``max_tokens``: the most
+        tokens that will be fed (sizes the first allocation exactly)."""
         if policy is not None:
             policy.check_model(self.config)
         c = self.config
         return KVCache(c.n_layer, batch, c.n_kv_head, c.head_dim, policy=policy, dtype=self.dtype, device=self.device,
-                       chunks=chunks)
+                       chunks=chunks, max_tokens=max_tokens)
 
     @property
     def cache_bytes_per_token(self) -> int:
@@ -155,6 +157,9 @@ class CausalLM(nn.Module):
                     f"model and batch: expected {(c.n_layer, b, c.n_kv_head, c.head_dim)}; "
                     "make it with model.new_cache(batch)"
                 )
+            if cache.dtype != self.dtype:
+                raise ValueError(f"cache dtype {cache.dtype} does not match the model's {self.dtype}: "
+                                 "make the cache with model.new_cache(batch) after model.to(dtype)")
         if positions is None:  # the usual case: no host-device synchronisation needed
             start = cache.seen if cache is not None else 0
             return torch.arange(start, start + t, device=ids.device).expand(b, t), start + t - 1
