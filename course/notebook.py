@@ -16,7 +16,6 @@ import torch
 
 __all__ = ["configure", "configure_parameters", "Parameters", "as_bool", "as_model", "as_seed", "as_device"]
 
-MODELS = ("auto", "gpt2", "smollm2-135m")
 SEED_MAX = 2**32 - 1
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
@@ -25,7 +24,7 @@ class Parameters(NamedTuple):
     """The checked parameters of a notebook."""
 
     fast: bool
-    model: str
+    model: str | None
     device: str
     autofill: bool
     seed: int
@@ -41,10 +40,13 @@ def as_bool(name: str, value: object) -> bool:
 
 
 def as_model(name: str, value: object) -> str:
-    """``value`` as a model name (auto, gpt2, smollm2-135m)."""
-    if isinstance(value, str) and value in MODELS:
-        return value
-    raise ValueError(f"{name} must be one of {', '.join(MODELS)}, got {value!r}")
+    """``value`` as a model name (``course.model_names``: a course model or a Hugging Face checkpoint)."""
+    from course.model_names import check_model_name
+
+    try:
+        return check_model_name(value)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 def as_seed(name: str, value: object) -> int:
@@ -68,22 +70,32 @@ def configure_parameters(fast: object, model: object, seed: object = 0, device: 
     """Check every parameter of a notebook, resolve the run mode and seed torch.
 
     FAST is also switched on by ``COURSE_FAST=1``; the model may be pinned by ``COURSE_MODEL``
-    (the test suite pins the offline one). Returns ``Parameters(fast, model, device, autofill, seed)``;
-    a notebook unpacks it as ``FAST, MODEL, DEVICE, AUTOFILL, SEED = configure_parameters(...)``."""
+    (the test suite pins the offline one); ``model=None``: the notebook trains its own models. Picks torch's
+    thread count for the cores that are free (``course.threads.use_threads``). Returns
+    ``Parameters(fast, model, device, autofill, seed)``; a notebook unpacks it as
+    ``FAST, MODEL, DEVICE, AUTOFILL, SEED = configure_parameters(FAST, MODEL, SEED, DEVICE, AUTOFILL)``."""
+    from course.threads import use_threads
+
+    if model is None:
+        chosen = None
+    elif os.environ.get("COURSE_MODEL"):
+        chosen = as_model("COURSE_MODEL", os.environ["COURSE_MODEL"])
+    else:
+        chosen = as_model("MODEL", model)
     params = Parameters(
         fast=as_bool("FAST", fast) or os.environ.get("COURSE_FAST") == "1",
-        model=as_model("COURSE_MODEL", os.environ["COURSE_MODEL"]) if os.environ.get("COURSE_MODEL")
-        else as_model("MODEL", model),
+        model=chosen,
         device=as_device("DEVICE", device),
         autofill=as_bool("AUTOFILL", autofill),
         seed=as_seed("SEED", seed),
     )
     torch.manual_seed(params.seed)
-    print(f"FAST={params.fast}  MODEL={params.model}  seed={params.seed}")
+    use_threads()
+    print(f"FAST={params.fast}  MODEL={params.model or '(trained here)'}  seed={params.seed}")
     return params
 
 
-def configure(fast: object, model: object, seed: object = 0) -> tuple[bool, str]:
+def configure(fast: object, model: object, seed: object = 0) -> tuple[bool, str | None]:
     """Check FAST, MODEL and SEED, resolve the run mode and seed torch. Returns (fast, model).
 
     The notebooks' call ``FAST, MODEL = configure(FAST, MODEL, SEED)``; ``configure_parameters``

@@ -479,7 +479,8 @@ def test_notebook_parameters_are_typed(monkeypatch, capsys):
     bad = [
         (("notabool", "auto"), {}, r"FAST must be True or False, got 'notabool' \(str\)"),
         ((1, "auto"), {}, r"FAST must be True or False, got 1 \(int\)"),
-        ((False, "gpt-9"), {}, r"MODEL must be one of auto, gpt2, smollm2-135m, got 'gpt-9'"),
+        ((False, "gpt-9"), {}, r"MODEL: model must be one of auto, gpt2, smollm2-135m, gpt2-random, or a Hugging "
+                                r"Face checkpoint \(org/name, or a local folder\); got 'gpt-9'"),
         ((False, "auto", -1), {}, r"SEED must be an integer from 0 to 4294967295, got -1"),
         ((False, "auto", 2**64), {}, r"SEED must be an integer"),
         ((False, "auto", 1.5), {}, r"SEED must be an integer"),
@@ -490,8 +491,11 @@ def test_notebook_parameters_are_typed(monkeypatch, capsys):
         with pytest.raises(ValueError, match=pattern):
             configure_parameters(*args, **kwargs)
     monkeypatch.setenv("COURSE_MODEL", "gpt-9")
-    with pytest.raises(ValueError, match="COURSE_MODEL must be one of"):
+    with pytest.raises(ValueError, match="COURSE_MODEL: model must be one of"):
         configure(False, "auto")
+    monkeypatch.delenv("COURSE_MODEL")
+    assert configure(False, None) == (False, None)  # a notebook that trains its own models
+    assert configure(False, "gpt2-random") == (False, "gpt2-random")
 
 
 @pytest.mark.parametrize("autofill", ["False", "True", 0, 1, None])
