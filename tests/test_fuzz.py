@@ -166,7 +166,10 @@ USAGE_CASES = [
     (["stream", "--tokens", "0"], r"--tokens: must be an integer >= 1, got 0"),
     (["stream", "--tokens", "-5"], r"--tokens: must be an integer >= 1, got -5"),
     (["stream", "--tokens", "1e3"], r"--tokens: must be an integer >= 1, got '1e3'"),
-    (["stream", "--window", "0"], r"--window: must be an integer >= 1"),
+    (["stream", "--budget", "0"], r"--budget: must be an integer >= 1"),
+    (["stream", "--passages", "0"], r"--passages: must be an integer >= 1"),
+    (["generate", "--prompt", "x", "--max-new-tokens", "0"], r"--max-new-tokens: must be an integer >= 1"),
+    (["chat", "--seed", "-3"], r"--seed: must be an integer from 0 to 4294967295"),
     (["stream", "--sinks", "-1"], r"--sinks: must be an integer >= 0"),
     (["stream", "--device", "tpu"], r"--device: must be auto, cpu, cuda"),
     (["stream", "--policy", "lru"], r"--policy: invalid choice"),
@@ -287,8 +290,12 @@ def test_output_folder_is_checked_before_the_work(capsys, tmp_path, monkeypatch,
     monkeypatch.setattr(grade_module, "grade", lambda *a, **k: pytest.fail("grading started"))
     a_file = tmp_path / "taken"
     a_file.write_text("x")
+    if command[0] == "grade":  # an existing submission: the paths are checked first
+        (tmp_path / "alice").mkdir()
+        (tmp_path / "alice" / "x.ipynb").write_text("{}")
+        command = ["grade", str(tmp_path / "alice" / "x.ipynb")]
     line = assert_one_error_line(*run_cli(capsys, *command, "--out", str(a_file / "sub"))[::2],
-                                 r"--out .* is not a writable folder \(Not a directory\)")
+                                 r"--out .* (is not a writable folder|cannot be written to) \(Not a directory\)")
     assert str(a_file) in line and a_file.read_text() == "x"
 
 
