@@ -243,6 +243,7 @@ class KVCache:
             for _ in range(n_layers)
         ]
         self.seen = 0
+        self._weight_rows: dict[int, int] = {}  # what the policy asked for in the last update, per layer
 
     # ----------------------------------------------------------------------------- the layer's two calls
     def update(self, layer_idx: int, k: Tensor, v: Tensor, pos: Tensor) -> AttentionView:
@@ -269,14 +270,15 @@ class KVCache:
             layer.append(k, v, pos)
         keys, values, k_pos = layer.live()
         q_rope, k_rope, sinks = self._rope_positions(k_pos, pos)
+        self._weight_rows[layer_idx] = self.policy.attention_rows(k.shape[2])
         return AttentionView(keys, values, k_pos, q_rope, k_rope, sinks, self._attention_mask(k_pos, pos),
-                             self.policy.attention_rows(k.shape[2]))
+                             self._weight_rows[layer_idx])
 
     def observe(self, layer_idx: int, weights: Tensor | None) -> None:
         """Hand a layer's attention weights ([B, H, rows, S], the last query rows) back to the policy.
 
         Only the last ``AttentionView.weight_rows`` rows reach it; policies that read no weights get nothing."""
-        rows = self.policy.attention_rows(weights.shape[2]) if weights is not None else 0
+        rows = self._weight_rows.pop(layer_idx, 0) if weights is not None else 0
         if rows:
             self.policy.observe(self.layers[layer_idx], weights[:, :, weights.shape[2] - rows :], self.seen)
 

@@ -263,3 +263,15 @@ def test_full_cache_never_evicts():
     for t in range(100):
         cache.update(0, torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), torch.tensor([[t]]))
     assert layer.length == 100 and layer.capacity >= 100
+
+
+def test_snapkv_with_a_one_query_window_still_votes():
+    """The rows handed back are the rows the policy asked for when the layer updated (here: 1 of 12)."""
+    model = tiny_model("llama")
+    cache = model.new_cache(1, SnapKV(6, obs_window=1, kernel=1))
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 12)), cache=cache)
+    votes = cache.layers[0].stat("snapkv")
+    assert votes[..., :11].abs().sum() > 0, "the observation window voted"
+    cache.compress()
+    assert cache.n_slots == 6
