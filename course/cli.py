@@ -569,6 +569,44 @@ def _ask(stream) -> str:
     return line.strip()
 
 
+# ----------------------------------------------------------------------------- host
+def _host_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repo", default=None, help="the course's git repository, e.g. https://github.com/OWNER/NAME")
+    p.add_argument("--branch", default=None, help="its branch (default: the current setting, else main)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 2 if a notebook or the README disagrees")
+    p.add_argument("--root", default=".", help="the repository's folder (default: .)")
+    p.add_argument("--json", action="store_true")
+
+
+def _host(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course import host
+
+    root = Path(args.root)
+    if not (root / "pyproject.toml").is_file():
+        raise ValueError(f"--root {args.root!r} is not the course's repository (no pyproject.toml)")
+    current = host.read_host(root)
+    if args.check:
+        if args.repo or args.branch:
+            raise ValueError("--check writes nothing: drop --repo and --branch")
+        problems = host.check(root)
+        if problems:
+            raise RuntimeError("; ".join(problems) + "; run `python -m course host` and `python -m course release`")
+        if not args.json:
+            print(f"in sync with pyproject.toml (repository {current.repo or 'not set'}, branch {current.branch})")
+        return {"repo": current.repo, "branch": current.branch, "in_sync": True}
+    wanted = None
+    if args.repo is not None or args.branch is not None:
+        wanted = host.Host(current.repo if args.repo is None else args.repo, args.branch or current.branch)
+    changed = host.apply(root, wanted)
+    if not args.json:
+        for path in changed:
+            print(f"wrote {path}")
+        print("now run `python -m course release` to update the student copies")
+    return {"repo": host.read_host(root).repo, "branch": host.read_host(root).branch, "written": [str(p) for p in changed]}
+
+
 # ----------------------------------------------------------------------------- release
 def _release_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--notebooks", default="notebooks", help="folder of the solution notebooks (default: ./notebooks)")
@@ -689,6 +727,8 @@ COMMANDS: list[Command] = [
     Command("chat", "a terminal chat through a bounded cache (or --script FILE of turns)", _chat_args, _chat),
     Command("train", "pretrain a tiny model with or without a sink token / sink logit", _train_args, _train),
     Command("bench", "speed and memory: ratios measured side by side in one run", _bench_args, _bench),
+    Command("host", "where the course lives: the Colab cells and README links follow pyproject.toml", _host_args,
+            _host),
     Command("release", "write the student copies of the notebooks (exercise solutions removed)", _release_args,
             _release),
     Command("grade", "autograde submitted notebooks into a gradebook (CSV and JSON)", _grade_args, _grade),
