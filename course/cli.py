@@ -9,6 +9,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from course.model_names import DEVICE_PATTERN, SEED_MAX
+
 __all__ = ["COMMANDS", "Command"]
 
 
@@ -25,7 +27,6 @@ class Command:
         p.set_defaults(run=self.run)
 
 
-SEED_MAX = 2**32 - 1  # seeds: what every generator (torch, numpy, random) accepts
 
 
 def _int(text: str, low: int, high: int | None = None) -> int:
@@ -105,7 +106,7 @@ def _policy_for(args: argparse.Namespace, budget: int, model=None):
 
 def device_name(text: str) -> str:
     """argparse type: auto, cpu, cuda, cuda:N or mps (whether it exists is checked when it is used)."""
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", text):
+    if not re.fullmatch(DEVICE_PATTERN, text):
         raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda, cuda:N or mps, got {text!r}")
     return text
 

@@ -1,11 +1,14 @@
-"""The names ``load_model`` accepts (kept free of torch, so that the command line can check them at once)."""
+"""The names and values the course accepts from users: models, devices, seeds (kept free of torch, so that
+the command line and the notebooks' parameters check them with one rule each, at once)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["MODEL_NAMES", "check_model_name"]
+__all__ = ["MODEL_NAMES", "check_model_name", "SEED_MAX", "DEVICE_PATTERN"]
 
+SEED_MAX = 2**32 - 1  # seeds: what every generator (torch, numpy, random) accepts
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?|mps"  # a device name (whether it exists is checked when it is used)
 MODEL_NAMES = ("auto", "gpt2", "smollm2-135m", "gpt2-random")  # plus any supported Hugging Face checkpoint
 
 

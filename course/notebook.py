@@ -14,9 +14,10 @@ from typing import NamedTuple
 
 import torch
 
+from course.model_names import DEVICE_PATTERN, SEED_MAX
+
 __all__ = ["configure", "configure_parameters", "Parameters", "as_bool", "as_model", "as_seed", "as_device"]
 
-SEED_MAX = 2**32 - 1
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -60,7 +61,7 @@ def as_seed(name: str, value: object) -> int:
 
 def as_device(name: str, value: object) -> str:
     """``value`` as a device name: auto, cpu, cuda, cuda:N or mps."""
-    if isinstance(value, str) and re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value):
+    if isinstance(value, str) and re.fullmatch(DEVICE_PATTERN, value):
         return value
     raise ValueError(f"{name} must be auto, cpu, cuda, cuda:N or mps, got {value!r}")
 

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from course.assets import CacheUnusable, cache_dir, ensure_writable
 from course.manifest import sha256_of, write_atomic
+from course.model_names import SEED_MAX
 from course.models import build_model
 from course.models.base import CausalLM, ModelConfig
 from course.policies import make_policy
@@ -52,7 +53,6 @@ __all__ = [
 ]
 
 Variant = Literal["vanilla", "sink-token", "sink-logit", "off-by-one"]
-SEED_MAX = 2**32 - 1
 VARIANTS = ("vanilla", "sink-token", "sink-logit", "off-by-one")
 
 
