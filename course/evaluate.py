@@ -91,15 +91,18 @@ def make_needle_trials(
 
 
 @torch.inference_mode()
-def compress_prompt(model: CausalLM, prompt: Tensor, policy: Policy | None) -> tuple[KVCache, Tensor]:
+def compress_prompt(model: CausalLM, prompt: Tensor, policy: Policy | None,
+                    cache: KVCache | None = None) -> tuple[KVCache, Tensor]:
     """The one prompt-compression step of the course, for every policy.
 
     prompt: [B, P]. The prompt runs with full causal attention through a cache managed by ``policy``
     (which reads the attention it needs: H2O accumulates it, SnapKV's observation window votes), then
-    the cache is compressed to the policy's budget. Returns the cache and the prompt's logits [B, P, V]."""
+    the cache is compressed to the policy's budget. ``cache``: continue one (a chat's next turn; its own
+    policy applies) instead of a new one. Returns the cache and the prompt's logits [B, P, V]."""
     prompt = prompt.to(model.device)
-    model.config.check_tokens(prompt.shape[1], "the prompt")
-    cache = model.new_cache(prompt.shape[0], policy, chunks="prompt")
+    model.config.check_tokens(prompt.shape[1] + (cache.seen if cache is not None else 0), "the prompt")
+    if cache is None:
+        cache = model.new_cache(prompt.shape[0], policy, chunks="prompt")
     logits = model(prompt, cache=cache).logits
     cache.compress()
     return cache, logits

@@ -164,12 +164,7 @@ class Chat:
         new_ids = self.tokenizer(rendered[len(self.fed):], add_special_tokens=False, return_tensors="pt").input_ids
         self.model.config.check_tokens(self.seen + new_ids.shape[1] + self.max_new_tokens, "this chat")
         start = time.perf_counter()
-        if self.cache is None:
-            self.cache, logits = compress_prompt(self.model, new_ids, self.policy)
-        else:
-            with torch.inference_mode():
-                logits = self.model(new_ids.to(self.model.device), cache=self.cache).logits
-            self.cache.compress()
+        self.cache, logits = compress_prompt(self.model, new_ids, self.policy, self.cache)
         self.fed = rendered
         stop_ids = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         answer: list[Step] = []
