@@ -22,20 +22,22 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from course.data import load_text
-from course.kvcache import KVCache
+from course.kvcache import CacheGroup, KVCache
 from course.models.base import CausalLM
 from course.policies import Policy, make_policy
 from course.progress import progress_bar
 
 __all__ = [
-    "NeedleTrial", "make_needle_trials", "score_needle", "needle_eval", "budget_sweep", "decode_after_compression",
-    "continuation_nll", "compress_prompt",
+    "NeedleTrial", "make_needle_trials", "score_needle", "needle_eval", "compare_needles", "budget_sweep",
+    "decode_after_compression", "compare_after_compression", "continuation_nll", "compare_continuations",
+    "compress_prompt", "compress_prompts",
 ]
 
 QUESTION = "\nWhat is the secret passkey? The secret passkey is"
@@ -91,51 +93,82 @@ def make_needle_trials(
 
 
 @torch.inference_mode()
+def compress_prompts(model: CausalLM, prompt: Tensor, policies: Sequence[Policy | None]) -> tuple[list[KVCache], Tensor]:
+    """The one prompt-compression step of the course, for several policies at once.
+
+    prompt: [B, P]. The prompt runs once, with full causal attention whatever the policy, through a
+    ``CacheGroup`` of one fresh cache per policy (each policy reads the attention it needs from that
+    one forward: H2O accumulates it, SnapKV's observation window votes); then every cache is
+    compressed to its policy's budget. Every contender therefore starts from the same computation.
+    Returns the caches (in the order of ``policies``) and the prompt's logits [B, P, V]."""
+    if not policies:
+        raise ValueError("policies is empty: give at least one policy (None is the full cache)")
+    prompt = prompt.to(model.device)
+    model.config.check_tokens(prompt.shape[1], "the prompt")
+    caches = [model.new_cache(prompt.shape[0], policy, chunks="prompt") for policy in policies]
+    logits = model(prompt, cache=CacheGroup(caches)).logits
+    for cache in caches:
+        cache.compress()
+    return caches, logits
+
+
+@torch.inference_mode()
 def compress_prompt(model: CausalLM, prompt: Tensor, policy: Policy | None,
                     cache: KVCache | None = None) -> tuple[KVCache, Tensor]:
-    """The one prompt-compression step of the course, for every policy.
+    """``compress_prompts`` for one policy: returns its compressed cache and the prompt's logits [B, P, V].
 
-    prompt: [B, P]. The prompt runs with full causal attention through a cache managed by ``policy``
-    (which reads the attention it needs: H2O accumulates it, SnapKV's observation window votes), then
-    the cache is compressed to the policy's budget. ``cache``: continue one (a chat's next turn; its own
-    policy applies) instead of a new one. Returns the cache and the prompt's logits [B, P, V]."""
-    prompt = prompt.to(model.device)
-    model.config.check_tokens(prompt.shape[1] + (cache.seen if cache is not None else 0), "the prompt")
+    ``cache``: continue one (a chat's next turn; its own policy applies) instead of a new one."""
     if cache is None:
-        cache = model.new_cache(prompt.shape[0], policy, chunks="prompt")
+        caches, logits = compress_prompts(model, prompt, [policy])
+        return caches[0], logits
+    prompt = prompt.to(model.device)
+    model.config.check_tokens(prompt.shape[1] + cache.seen, "the prompt")
     logits = model(prompt, cache=cache).logits
     cache.compress()
     return cache, logits
 
 
 @torch.inference_mode()
-def decode_after_compression(model: CausalLM, prompt: Tensor, continuation: Tensor, policy: Policy | None,
-                             inspect=None) -> tuple[Tensor, Tensor, dict]:
-    """The prompt-compression protocol, for any policy.
+def compare_after_compression(model: CausalLM, prompt: Tensor, continuation: Tensor,
+                              contenders: Mapping[Hashable, Policy | None], inspect=None) -> dict[Hashable, tuple]:
+    """The prompt-compression protocol for several policies, from one shared prompt forward.
 
     prompt [B, P], continuation [B, N]: the prompt but its last token is compressed by
-    ``compress_prompt``, then the last prompt token and the continuation are fed one token at a time
-    (the policy keeps evicting if it does so while decoding). Returns the log-probability of every
+    ``compress_prompts`` (one forward for all contenders), then, for each contender, the last prompt
+    token and the continuation are fed one token at a time through its compressed cache (a policy
+    keeps evicting if it does so while decoding). Returns, per contender, the log-probability of every
     continuation token [B, N], whether it was the model's top choice [B, N], and ``inspect(cache)``
     taken right after compression (or {}).
     """
     model.config.check_tokens(prompt.shape[1] + continuation.shape[1], "prompt + continuation")
     continuation = continuation.to(model.device)
-    cache, _ = compress_prompt(model, prompt[:, :-1], policy)
-    info = inspect(cache) if inspect is not None else {}
+    names = list(contenders)
+    caches, _ = compress_prompts(model, prompt[:, :-1], [contenders[n] for n in names])
     feed = torch.cat([prompt[:, -1:].to(model.device), continuation[:, :-1]], dim=1)
-    logps, top = [], []
-    for i in range(feed.shape[1]):
-        lp = torch.log_softmax(model(feed[:, i : i + 1], cache=cache).logits[:, -1].float(), -1)
-        logps.append(lp.gather(-1, continuation[:, i : i + 1])[:, 0])
-        top.append(lp.argmax(-1) == continuation[:, i])
-    return torch.stack(logps, 1).cpu(), torch.stack(top, 1).cpu(), info
+    out = {}
+    for name, cache in zip(names, caches):
+        info = inspect(cache) if inspect is not None else {}
+        logps, top = [], []
+        for i in range(feed.shape[1]):
+            lp = torch.log_softmax(model(feed[:, i : i + 1], cache=cache).logits[:, -1].float(), -1)
+            logps.append(lp.gather(-1, continuation[:, i : i + 1])[:, 0])
+            top.append(lp.argmax(-1) == continuation[:, i])
+        out[name] = (torch.stack(logps, 1).cpu(), torch.stack(top, 1).cpu(), info)
+    return out
 
 
-def score_needle(model: CausalLM, trial: NeedleTrial, policy: Policy | None = None) -> dict:
-    """Compress the prompt's cache with ``policy`` and score the answer. Returns exact (bool),
-    logprob (sum over answer tokens), needle_kept (share of the needle's tokens still cached, mean
-    over layers and KV heads, right after compression) and cache_slots."""
+def decode_after_compression(model: CausalLM, prompt: Tensor, continuation: Tensor, policy: Policy | None,
+                             inspect=None) -> tuple[Tensor, Tensor, dict]:
+    """``compare_after_compression`` for one policy: (log-probs [B, N], top choice [B, N], inspect's dict)."""
+    return compare_after_compression(model, prompt, continuation, {0: policy}, inspect)[0]
+
+
+def _needle_scores(trial: NeedleTrial, result: tuple) -> dict:
+    logps, top, info = result
+    return {"exact": bool(top.all()), "logprob": float(logps.sum()), **info}
+
+
+def _needle_kept(trial: NeedleTrial):
     lo, hi = trial.needle
 
     def needle_kept(cache) -> dict:
@@ -143,17 +176,30 @@ def score_needle(model: CausalLM, trial: NeedleTrial, policy: Policy | None = No
                             for layer in cache.layers]).mean().item()
         return {"needle_kept": kept, "cache_slots": cache.n_slots}
 
-    logps, top, info = decode_after_compression(model, trial.prompt, trial.answer[None], policy, needle_kept)
-    return {"exact": bool(top.all()), "logprob": float(logps.sum()), **info}
+    return needle_kept
+
+
+def score_needle(model: CausalLM, trial: NeedleTrial, policy: Policy | None = None) -> dict:
+    """Compress the prompt's cache with ``policy`` and score the answer. Returns exact (bool),
+    logprob (sum over answer tokens), needle_kept (share of the needle's tokens still cached, mean
+    over layers and KV heads, right after compression) and cache_slots."""
+    result = decode_after_compression(model, trial.prompt, trial.answer[None], policy, _needle_kept(trial))
+    return _needle_scores(trial, result)
 
 
 def continuation_nll(model: CausalLM, ids: Tensor, context: int, policy: Policy | None = None) -> Tensor:
     """NLL [B, N] of the last N = T - context tokens of ``ids`` [B, T] after compressing the first
     ``context`` tokens' cache with ``policy`` (the same protocol as the needle task)."""
+    return compare_continuations(model, ids, context, {0: policy})[0]
+
+
+def compare_continuations(model: CausalLM, ids: Tensor, context: int,
+                          contenders: Mapping[Hashable, Policy | None]) -> dict[Hashable, Tensor]:
+    """``continuation_nll`` for several (fresh) policies, from one shared prompt forward: name -> NLL [B, N]."""
     if not 1 < context < ids.shape[1]:
         raise ValueError(f"context must be between 2 and {ids.shape[1] - 1} (ids has {ids.shape[1]} tokens), got {context}")
-    logps, _, _ = decode_after_compression(model, ids[:, :context], ids[:, context:], policy)
-    return -logps
+    results = compare_after_compression(model, ids[:, :context], ids[:, context:], contenders)
+    return {name: -logps for name, (logps, _, _) in results.items()}
 
 
 def _check_trials(model: CausalLM, trials: list[NeedleTrial]) -> None:
@@ -163,12 +209,7 @@ def _check_trials(model: CausalLM, trials: list[NeedleTrial]) -> None:
     model.config.check_tokens(longest, "the longest passkey prompt + answer")
 
 
-def needle_eval(model: CausalLM, trials: list[NeedleTrial], policy_for: callable, progress: bool = True) -> dict:
-    """Score every trial with a fresh policy from ``policy_for(trial)`` (policies hold state).
-
-    Returns accuracy, mean_answer_logprob, mean needle_kept and the per-trial rows."""
-    _check_trials(model, trials)
-    rows = [score_needle(model, t, policy_for(t)) for t in progress_bar(trials, desc="needle", enabled=progress)]
+def _needle_summary(rows: list[dict]) -> dict:
     n = len(rows)
     return {
         "accuracy": sum(r["exact"] for r in rows) / n,
@@ -177,6 +218,30 @@ def needle_eval(model: CausalLM, trials: list[NeedleTrial], policy_for: callable
         "answer_prob": math.exp(sum(r["logprob"] for r in rows) / n),
         "trials": rows,
     }
+
+
+def compare_needles(model: CausalLM, trials: list[NeedleTrial], contenders: Mapping[Hashable, Callable],
+                    progress: bool = True) -> dict[Hashable, dict]:
+    """Score every trial under every contender (``name -> policy_for(trial)``, a fresh policy each time:
+    policies hold state); each trial's prompt runs once for all of them (``compare_after_compression``).
+
+    Returns, per contender, accuracy, mean_answer_logprob, mean needle_kept, answer_prob and the
+    per-trial rows."""
+    _check_trials(model, trials)
+    if not contenders:
+        raise ValueError("contenders is empty: give at least one name -> policy_for(trial)")
+    rows: dict[Hashable, list[dict]] = {name: [] for name in contenders}
+    for t in progress_bar(trials, desc="needle", enabled=progress):
+        results = compare_after_compression(model, t.prompt, t.answer[None],
+                                            {name: make(t) for name, make in contenders.items()}, _needle_kept(t))
+        for name, result in results.items():
+            rows[name].append(_needle_scores(t, result))
+    return {name: _needle_summary(r) for name, r in rows.items()}
+
+
+def needle_eval(model: CausalLM, trials: list[NeedleTrial], policy_for: Callable, progress: bool = True) -> dict:
+    """``compare_needles`` for one contender: accuracy, mean_answer_logprob, mean needle_kept, answer_prob, trials."""
+    return compare_needles(model, trials, {0: policy_for}, progress)[0]
 
 
 def budget_sweep(model: CausalLM, trials: list[NeedleTrial], policy: str, budgets: list[int], sinks: int | None = None,
@@ -192,8 +257,6 @@ def budget_sweep(model: CausalLM, trials: list[NeedleTrial], policy: str, budget
 
     for b in budgets:  # validate every budget before spending time
         make(b)
-    out = []
-    for b in budgets:
-        r = needle_eval(model, trials, lambda t, b=b: make(b), progress)
-        out.append({"policy": policy, "budget": b, "sinks": sinks, **{k: v for k, v in r.items() if k != "trials"}})
-    return out
+    results = compare_needles(model, trials, {b: (lambda t, b=b: make(b)) for b in budgets}, progress)
+    return [{"policy": policy, "budget": b, "sinks": sinks, **{k: v for k, v in results[b].items() if k != "trials"}}
+            for b in budgets]

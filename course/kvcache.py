@@ -35,7 +35,7 @@ from torch import Tensor
 
 from course.policies import FullCache, Policy
 
-__all__ = ["LayerCache", "KVCache", "AttentionView", "SinkRotation", "cache_bytes_per_token", "Chunks"]
+__all__ = ["LayerCache", "KVCache", "CacheGroup", "AttentionView", "SinkRotation", "cache_bytes_per_token", "Chunks"]
 
 Chunks = Literal["prompt", "stream"]
 
@@ -404,3 +404,59 @@ class KVCache:
             f"KVCache(layers={n}, batch={b}, kv_heads={h}, head_dim={d}, slots={self.n_slots}, "
             f"seen={self.seen}, policy={self.policy!r}, {self.nbytes / 2**20:.2f} MiB)"
         )
+
+
+class CacheGroup:
+    """Several caches fed by *one* forward pass over a prompt: the fair start of a comparison.
+
+    Every member stores the same new keys and values (a prompt runs with full causal attention
+    whatever the policy, so every member hands the layer the same view), and each member's policy
+    reads the attention rows it asked for from the one set of weights the layer computed (the
+    most rows any member wants). So every contender compresses literally the same computation,
+    and a comparison of N policies costs one prompt forward instead of N.
+
+    The model sees a group as one cache (``shape``, ``dtype``, ``seen``, ``update``, ``observe``,
+    ``advance``). Only for prompts: a member that would evict during the forward (a single new
+    token arriving at a full cache) would make the views differ, and is refused.
+    """
+
+    def __init__(self, caches: list[KVCache]) -> None:
+        if not caches:
+            raise ValueError("CacheGroup needs at least one cache")
+        first = caches[0]
+        for c in caches[1:]:
+            if c.shape != first.shape or c.dtype != first.dtype or c.seen != first.seen:
+                raise ValueError(f"the caches of a group must have one shape, dtype and stream position; got {first!r} "
+                                 f"and {c!r}")
+        if any(c.chunks != "prompt" for c in caches):
+            raise ValueError("a CacheGroup shares a prompt forward: make its caches with chunks='prompt'")
+        self.caches = caches
+        self.shape, self.dtype = first.shape, first.dtype
+
+    @property
+    def seen(self) -> int:
+        return self.caches[0].seen
+
+    def update(self, layer_idx: int, k: Tensor, v: Tensor, pos: Tensor) -> AttentionView:
+        """Store the new tokens in every member; return the view they share (with the most weight rows any
+        member asked for)."""
+        views = [c.update(layer_idx, k, v, pos) for c in self.caches]
+        first = views[0]
+        for view in views[1:]:
+            same = (view.keys.shape == first.keys.shape and torch.equal(view.positions, first.positions)
+                    and torch.equal(view.q_rope, first.q_rope) and torch.equal(view.k_rope, first.k_rope)
+                    and view.sink_rotation is None and first.sink_rotation is None)
+            if not same:
+                raise ValueError("the caches of a group would attend differently (other slots or positions): a group "
+                                 "can only share the forward of a prompt that starts every member alike")
+        return AttentionView(first.keys, first.values, first.positions, first.q_rope, first.k_rope, first.sink_rotation,
+                             first.mask, max(view.weight_rows for view in views))
+
+    def observe(self, layer_idx: int, weights: Tensor | None) -> None:
+        """Every member takes the last rows its own policy asked for."""
+        for c in self.caches:
+            c.observe(layer_idx, weights)
+
+    def advance(self, n_tokens: int) -> None:
+        for c in self.caches:
+            c.advance(n_tokens)

@@ -53,3 +53,75 @@ def test_continuation_nll_with_full_cache_equals_plain_forward():
     assert nll.shape == (2, 10) and torch.allclose(nll.double(), ref, atol=1e-6)
     with pytest.raises(ValueError, match="context must be between"):
         continuation_nll(model, ids, 30)
+
+
+def _contenders(model) -> dict:
+    from course.policies import POLICY_NAMES, make_policy
+
+    out = {name: make_policy(name, 12, model=model) if name != "full" else make_policy("full") for name in POLICY_NAMES}
+    out["h2o raw, 2 pinned"] = make_policy("h2o", 12, sinks=2, normalize=False, model=model)
+    out["snapkv avg"] = make_policy("snapkv", 12, obs_window=4, pooling="avg", model=model)
+    return out
+
+
+def test_one_prompt_forward_serves_every_contender_exactly(family):
+    """compress_prompts: the group's shared forward leaves every cache exactly as compressing alone does."""
+    from course.evaluate import compress_prompt, compress_prompts
+
+    from .conftest import tiny_model
+
+    model = tiny_model(family)
+    ids = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(1))
+    names = list(_contenders(model))
+    caches, logits = compress_prompts(model, ids, list(_contenders(model).values()))
+    for name, grouped in zip(names, caches):
+        alone, alone_logits = compress_prompt(model, ids, _contenders(model)[name])
+        assert torch.equal(alone_logits, logits)
+        for a, g in zip(alone.layers, grouped.layers):
+            for x, y in zip(a.live(), g.live()):
+                assert torch.equal(x, y), name
+        assert grouped.n_slots == (40 if name == "full" else 12)
+
+
+def test_the_prompt_runs_once_for_all_contenders(monkeypatch):
+    from course.evaluate import compare_continuations
+
+    from .conftest import tiny_model
+
+    model = tiny_model("llama")
+    prompt_forwards = []
+    original = type(model).forward
+
+    def counting(self, ids, *a, **kw):
+        if ids.shape[1] > 1:
+            prompt_forwards.append(ids.shape)
+        return original(self, ids, *a, **kw)
+
+    monkeypatch.setattr(type(model), "forward", counting)
+    ids = torch.randint(0, 97, (1, 30))
+    nll = compare_continuations(model, ids, 20, _contenders(model))
+    assert len(prompt_forwards) == 1 and set(nll) == set(_contenders(model))
+    assert all(v.shape == (1, 10) for v in nll.values())
+
+
+def test_a_cache_group_refuses_caches_that_would_attend_differently():
+    from course.kvcache import CacheGroup
+    from course.policies import make_policy
+
+    from .conftest import tiny_model
+
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="at least one"):
+        CacheGroup([])
+    with pytest.raises(ValueError, match="chunks='prompt'"):
+        CacheGroup([model.new_cache(1, None, chunks="stream")])
+    with pytest.raises(ValueError, match="one shape"):
+        CacheGroup([model.new_cache(1), model.new_cache(2)])
+    a, b = model.new_cache(1, make_policy("window", 4, model=model)), model.new_cache(1)
+    ids = torch.randint(0, 97, (1, 6))
+    with torch.no_grad():
+        for t in range(5):  # the window evicts, the full cache does not: their next views differ
+            model(ids[:, t : t + 1], cache=a)
+            model(ids[:, t : t + 1], cache=b)
+        with pytest.raises(ValueError, match="attend differently"):
+            model(ids[:, 5:6], cache=CacheGroup([a, b]))

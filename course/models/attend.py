@@ -7,7 +7,8 @@ Two paths compute the same thing:
 * ``explicit``: the equation above line by line; it can return the attention weights,
   which the analysis notebooks and the H2O/SnapKV policies read;
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``, a fused kernel that never
-  materialises the weights (faster, less memory). Used whenever weights are not needed.
+  materialises the weights (faster, less memory). It always computes the output (outside
+  ``reference_mode``); weights a caller asks for are computed beside it, for the rows asked.
 
 Grouped-query attention (GQA): there are H query heads but only H_kv key/value heads; query
 head h uses KV head h // (H / H_kv). Neither path copies K/V to H heads.
@@ -93,14 +94,16 @@ def attend(
     s = k.shape[2]
     if causal:
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)[None, None]
-    if explicit or _REFERENCE or weight_rows >= t:
+    if explicit or _REFERENCE:
         w = attention_weights(q, k, mask, scale, sink_logit)  # [B, H, T, S]
         out = (_split_groups(w.to(v.dtype), k.shape[1]) @ v[:, :, None]).reshape(b, h, t, -1)
-        return out, (w[:, :, t - weight_rows :] if weight_rows else None)
+        return out, (w[:, :, t - min(weight_rows, t) :] if weight_rows else None)
+    # The output never depends on how many weight rows are asked for: the same forward gives the
+    # same numbers whichever policies read its weights (course.kvcache.CacheGroup relies on it).
     out = _sdpa(q, k, v, mask, scale, sink_logit)
     if weight_rows == 0:
         return out, None
-    rows = slice(t - weight_rows, t)
+    rows = slice(t - min(weight_rows, t), t)
     w = attention_weights(q[:, :, rows], k, None if mask is None else mask[:, :, rows], scale, sink_logit)
     return out, w
 
