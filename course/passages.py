@@ -27,7 +27,7 @@ from course.models.base import CausalLM
 from course.policies import Policy
 from course.streaming import evaluate_stream
 
-__all__ = ["Passage", "Spread", "sample_passages", "spread", "stream_passages"]
+__all__ = ["Passage", "Spread", "passage_batch", "sample_passages", "spread", "stream_passages"]
 
 CHARS_PER_TOKEN = 8  # generous: English prose takes about 4 characters per token in these tokenizers
 
@@ -109,22 +109,26 @@ def sample_passages(tokenizer, n: int, tokens: int, seed: int = 0, openings: int
     return out
 
 
-def stream_passages(model: CausalLM, passages: list[Passage], policies: dict[str, Policy], start: int = 0,
-                    progress: bool = True) -> dict[str, list[float]]:
-    """Perplexity of every passage under every policy, over the predictions from ``start`` on (e.g. the
-    budget: after the cache fills). All passages stream as one batch per policy (``evaluate_stream``: the
-    exact evaluator for position-only policies). Returns {policy name: [ppl per passage]}."""
+def passage_batch(passages: list[Passage]) -> Tensor:
+    """The passages' ids as one batch [N, T] (they must all have the same number of tokens)."""
     if not passages:
         raise ValueError("passages is empty")
     lengths = {p.ids.shape[1] for p in passages}
     if len(lengths) != 1:
         raise ValueError(f"passages must all have the same number of tokens, got {sorted(lengths)}")
-    (n_tokens,) = lengths
+    return torch.cat([p.ids for p in passages])
+
+
+def stream_passages(model: CausalLM, passages: list[Passage], policies: dict[str, Policy], start: int = 0,
+                    progress: bool = True) -> dict[str, list[float]]:
+    """Perplexity of every passage under every policy, over the predictions from ``start`` on (e.g. the
+    budget: after the cache fills). All passages stream as one batch per policy (``evaluate_stream``: the
+    exact evaluator for position-only policies). Returns {policy name: [ppl per passage]}."""
+    batch = passage_batch(passages).to(model.device)
+    n_tokens = batch.shape[1]
     if not 0 <= start < n_tokens - 1:
         raise ValueError(f"start must be between 0 and {n_tokens - 2}, got {start}")
-    batch = torch.cat([p.ids for p in passages]).to(model.device)
     out = {}
     for name, policy in policies.items():
-        nll = evaluate_stream(model, batch, policy, progress=progress).nll  # [N, T-1]
-        out[name] = [math.exp(row[start:].double().mean().item()) for row in nll]
+        out[name] = evaluate_stream(model, batch, policy, progress=progress).ppl_per_stream(start)
     return out

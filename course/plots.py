@@ -133,6 +133,31 @@ def lines_plot(x: Sequence[float], series: dict[str, Sequence[float]], xlabel: s
     return fig
 
 
+def spread_plot(series: dict[str, Sequence[float]], xlabel: str, title: str = "", reference: float | None = None,
+                logx: bool = False) -> Figure:
+    """How results vary over passages (or seeds): one row per series, one dot per passage, a bar at the median.
+
+    series: name -> values (one per passage); reference: a vertical line (e.g. 1.0 for ratios)."""
+    names = list(series)
+    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(names) + 1.6))
+    for row, name in enumerate(names):
+        values = np.asarray(series[name], dtype=float)
+        jitter = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else np.zeros(1)
+        ax.scatter(values, row + jitter, s=22, alpha=0.75, color=f"C{row % 10}", zorder=3)
+        ax.plot([np.median(values)] * 2, [row - 0.3, row + 0.3], color="black", lw=2, zorder=4)
+    if reference is not None:
+        ax.axvline(reference, color="grey", ls="--", lw=1)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    ax.set(xlabel=xlabel, title=title, xscale="log" if logx else "linear")
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
+__all__ += ["spread_plot"]
+
+
 # --- figures for the interactive explorers
 
 __all__ += ["kept_tokens_figure"]

@@ -60,6 +60,13 @@ class StreamResult:
             raise ValueError(f"no scored tokens between {start} and {end} (stream of {self.tokens} tokens)")
         return math.exp(span.double().mean().item())
 
+    def ppl_per_stream(self, start: int = 0, end: int | None = None) -> list[float]:
+        """Perplexity of each row (stream) separately over predictions start..end-1: [B] floats."""
+        span = self.nll[:, start:end]
+        if span.numel() == 0:
+            raise ValueError(f"no scored tokens between {start} and {end} (stream of {self.tokens} tokens)")
+        return [math.exp(row.double().mean().item()) for row in span]
+
     @property
     def ppl_after_fill(self) -> float | None:
         """Perplexity over predictions made once the cache has started evicting (None if it never did)."""
