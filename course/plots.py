@@ -22,21 +22,23 @@ from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
 
 __all__ = [
     "cache_size_plot", "decode_cost_plot", "attention_heatmap", "sink_mass_plot", "nll_along_stream",
-    "bar_compare", "lines_plot", "plain_ticks", "plain_number", "use_course_style", "CYCLE",
+    "bar_compare", "lines_plot", "plain_ticks", "plain_number", "use_course_style", "CYCLE", "LINE_CYCLE",
 ]
 
 GIB = 2**30
-# colour-blind-safe colours (Okabe-Ito), each with its own line style and marker: lines stay apart in grey too
-CYCLE = (cycler(color=["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"])
-         + cycler(linestyle=["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (3, 1))])
-         + cycler(marker=["o", "s", "^", "D", "v", "P"]))
-STYLE = {"axes.prop_cycle": CYCLE, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8,
+# colour-blind-safe colours (Okabe-Ito), each with its own line style (and, for the few-point lines drawn
+# here, its own marker): lines stay apart in grey too. LINE_CYCLE, without markers, is every figure's default.
+LINE_CYCLE = (cycler(color=["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9"])
+              + cycler(linestyle=["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (3, 1))]))
+CYCLE = LINE_CYCLE + cycler(marker=["o", "s", "^", "D", "v", "P"])
+STYLE = {"axes.prop_cycle": LINE_CYCLE, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8,
          "legend.framealpha": 0.85, "lines.markersize": 4, "axes.formatter.useoffset": False,
          "axes.formatter.use_mathtext": False, "axes.formatter.limits": (-4, 6)}
 
 
 def use_course_style() -> None:
-    """Apply the course's line cycle, grid and plain tick numbers to every figure drawn from now on."""
+    """Apply the course's line cycle (colour and line style), grid and plain tick numbers (no offset, no
+    exponent on linear axes) to every figure drawn from now on; log axes need ``plain_ticks``."""
     mpl.rcParams.update(STYLE)
 
 
