@@ -95,8 +95,9 @@ def cache_size_plot(models: dict[str, int], contexts: Sequence[int], batches: Se
     for ax, batch in zip(axes, batches):
         for name, per_token in models.items():
             ax.plot(contexts, [per_token * t * batch / GIB for t in contexts], label=name)
+        top = max(gpu_gib, max(models.values()) * max(contexts) * batch / GIB) * 4  # room for the GPU's label
         ax.set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="KV cache (GiB)",
-               xlim=(min(contexts) / 1.3, max(contexts) * 1.3))
+               xlim=(min(contexts) / 1.3, max(contexts) * 1.3), ylim=(None, top))
         ax.axhline(gpu_gib, color="grey", ls=":", lw=1)
         ax.annotate(f"{plain_number(gpu_gib)} GiB GPU", (0.01, gpu_gib), xycoords=("axes fraction", "data"),
                     xytext=(0, 3), textcoords="offset points", color="grey", fontsize=8)
@@ -107,7 +108,7 @@ def cache_size_plot(models: dict[str, int], contexts: Sequence[int], batches: Se
         ax.set_xticks(list(contexts), [f"{t:,}" for t in contexts])
         ax.xaxis.set_minor_formatter(NullFormatter())
         plain_ticks(ax, "y")
-    axes[0].legend(loc="upper left")
+    axes[0].legend(loc="lower right")  # the lines rise from lower left to upper right
     fig.tight_layout()
     return fig
 
