@@ -82,7 +82,7 @@ def _title(nb: nbformat.NotebookNode, fallback: str) -> str:
         if cell.cell_type == "markdown":
             m = re.search(r"^#\s+(.+)$", cell.source, re.M)
             if m:
-                return re.sub(r"[*_`]", "", m.group(1)).strip()
+                return re.sub(r"[*`]", "", m.group(1)).strip()
     return fallback
 
 
