@@ -145,9 +145,7 @@ def attention_heatmap(weights: torch.Tensor, tokens: Sequence[str] | None = None
     fig = ax.figure if ax is not None else plt.figure(figsize=(5, 4.5))
     ax = ax or fig.add_subplot()
     im = ax.imshow(np.log10(w + 1e-6), cmap="magma", vmin=-4, vmax=0, interpolation="nearest")
-    share0 = float(w[:, 0].mean()) if w.size else 0.0
-    ax.set(title=f"{title}{': ' if title else ''}{share0:.0%} of attention on token 0",
-           xlabel="key (token position attended to)", ylabel="query (token position)")
+    ax.set(title=title, xlabel="key (token position attended to)", ylabel="query (token position)")
     ax.title.set_fontsize(10)
     if tokens is not None and len(tokens) <= 32:
         labels = [repr(t)[1:-1][:8] for t in tokens[: w.shape[0]]]
