@@ -231,7 +231,7 @@ def save_report(result: dict, folder: Path) -> list[Path]:
     paths[1].write_text(markdown_tables(result))
     pol = result["policies"]["per_policy"]
     x = pol["full"]["tokens"]
-    for key, label, name in (("ms_per_token", "ms per token", "time_vs_tokens.png"),
+    for key, label, name in (("ms_per_token", "time per token (ms)", "time_vs_tokens.png"),
                              ("cache_bytes", "KV cache (MiB)", "bytes_vs_tokens.png")):
         scale = 1 if key == "ms_per_token" else 2**-20
         fig = plots.lines_plot(x, {p: [v * scale for v in r[key]] for p, r in pol.items()}, "tokens streamed", label,

@@ -719,6 +719,31 @@ def _check_outputs(args: argparse.Namespace) -> dict:
     return {"notebooks": [str(n) for n in notebooks], "problems": []}
 
 
+# ----------------------------------------------------------------------------- site
+def _site_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="source", default="outputs",
+                   help="folder of executed notebooks (default: ./outputs, written by run-course.sh --execute)")
+    p.add_argument("--out", default="site", help="folder for the pages (default: ./site)")
+    p.add_argument("--root", default=".", help="the repository's folder: README.md, docs/ (default: .)")
+    p.add_argument("--partial", action="store_true", help="build even when some notebooks were not executed")
+    p.add_argument("--json", action="store_true")
+
+
+def _site(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.site import build_site
+
+    if not (Path(args.root) / "README.md").is_file():
+        raise ValueError(f"--root {args.root!r} is not the course's repository (no README.md)")
+    check_out_folder(args.out)
+    result = build_site(args.source, args.out, args.root, partial=args.partial)
+    if not args.json:
+        left = f"; not executed, so not in it: {', '.join(result['missing'])}" if result["missing"] else ""
+        print(f"{len(result['pages'])} pages in {result['out']}/ (open {result['out']}/index.html){left}")
+    return result
+
+
 COMMANDS: list[Command] = [
     Command("fetch", "download the offline model and corpus into the course cache", _fetch_args, _fetch),
     Command("info", "show device, versions, and which models and corpora are available", _info_args, _info),
@@ -735,4 +760,6 @@ COMMANDS: list[Command] = [
     Command("grade", "autograde submitted notebooks into a gradebook (CSV and JSON)", _grade_args, _grade),
     Command("check-outputs", "check executed notebooks for frozen progress bars, widget text, loading messages",
             _check_outputs_args, _check_outputs),
+    Command("site", "build the course site (HTML pages of the executed notebooks, index, benchmarks)", _site_args,
+            _site),
 ]

@@ -72,9 +72,11 @@ def configure_parameters(fast: object, model: object, seed: object = 0, device: 
 
     FAST is also switched on by ``COURSE_FAST=1``; the model may be pinned by ``COURSE_MODEL``
     (the test suite pins the offline one); ``model=None``: the notebook trains its own models. Picks torch's
-    thread count for the cores that are free (``course.threads.use_threads``). Returns
+    thread count for the cores that are free (``course.threads.use_threads``) and the figures' style
+    (``course.plots.use_course_style``). Returns
     ``Parameters(fast, model, device, autofill, seed)``; a notebook unpacks it as
     ``FAST, MODEL, DEVICE, AUTOFILL, SEED = configure_parameters(FAST, MODEL, SEED, DEVICE, AUTOFILL)``."""
+    from course.plots import use_course_style
     from course.threads import use_threads
 
     if model is None:
@@ -92,6 +94,7 @@ def configure_parameters(fast: object, model: object, seed: object = 0, device: 
     )
     torch.manual_seed(params.seed)
     use_threads()
+    use_course_style()
     print(f"FAST={params.fast}  MODEL={params.model or '(trained here)'}  seed={params.seed}")
     return params
 

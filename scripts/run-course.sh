@@ -7,27 +7,42 @@
 #   --execute     instead, run every solution notebook top to bottom into ./outputs/ (papermill, plain-text
 #                 progress), printing each notebook's wall time
 #   --fast        with --execute: small sizes (FAST)
+#   --site        execute every solution notebook into ./outputs/ (FAST unless --full), then build the course
+#                 site into ./site/ (python -m course site; open site/index.html)
+#   --full        with --site: the full sizes
 # MY_NOTEBOOKS=folder chooses another working folder for the student copies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage_error() { echo "error: $1 (options: --instructor, --execute [--fast])" >&2; exit 2; }
-mode=student fast=False
+usage_error() { echo "error: $1 (options: --instructor, --execute [--fast], --site [--full])" >&2; exit 2; }
+mode=student fast=False full=False
+choose() {  # one mode per run
+  [ "$mode" = student ] || usage_error "--instructor, --execute and --site exclude each other"
+  mode=$1
+}
 for arg in "$@"; do
   case "$arg" in
-    --instructor) [ "$mode" = student ] || usage_error "--instructor and --execute exclude each other"; mode=instructor ;;
-    --execute) [ "$mode" = student ] || usage_error "--instructor and --execute exclude each other"; mode=execute ;;
+    --instructor) choose instructor ;;
+    --execute) choose execute ;;
+    --site) choose site ;;
     --fast) fast=True ;;
+    --full) full=True ;;
     *) usage_error "unknown option '$arg'" ;;
   esac
 done
 [ "$fast" = False ] || [ "$mode" = execute ] || usage_error "--fast applies to --execute only"
+[ "$full" = False ] || [ "$mode" = site ] || usage_error "--full applies to --site only"
+if [ "$mode" = site ]; then
+  fast=True
+  [ "$full" = False ] || fast=False
+fi
 
-bash scripts/setup.sh
+# COURSE_SET_UP=1: the caller (scripts/test.sh) has just run setup.sh and activated the venv
+[ "${COURSE_SET_UP:-}" = 1 ] || bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 
-if [ "$mode" = execute ]; then
+if [ "$mode" = execute ] || [ "$mode" = site ]; then
   mkdir -p outputs
   export COURSE_PROGRESS=text  # an executed copy is read without a kernel: no live bars (course/progress.py)
   total=0
@@ -40,6 +55,7 @@ if [ "$mode" = execute ]; then
   done
   echo "Executed notebooks are in outputs/ (all: $((total / 60)) min $((total % 60)) s)."
   python -m course check-outputs outputs
+  [ "$mode" = execute ] || python -m course site --from outputs --out site
   exit 0
 fi
 

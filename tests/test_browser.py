@@ -25,14 +25,9 @@ import nbformat
 import pytest
 
 from course import assets
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, browser_api, screenshot_dir
 
-CHROMIUM = Path("/usr/bin/chromium")
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} is missing (install it with `apt-get install chromium`)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is missing (pip install it)")
-
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+sync_api = browser_api()
 REPO = Path(__file__).resolve().parents[1]
 KERNEL_IDLE = re.compile(r"\(ipykernel\) \| Idle")  # JupyterLab's status bar once the kernel is connected
 
@@ -129,12 +124,6 @@ def jupyterlab(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def screenshot_dir(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("COURSE_SCREENSHOTS") or tmp_path / "screenshots")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'

@@ -18,9 +18,15 @@ FAKE_JUPYTER = """#!/usr/bin/env bash
 printf '%s\\n' "$@" > "$RECORD"
 """
 FAKE_PAPERMILL = """#!/usr/bin/env bash
-# papermill --log-level WARNING IN OUT -p FAST VALUE
+# papermill --log-level WARNING IN OUT -p FAST VALUE: records its arguments, writes IN as if it had run
 echo "$@" >> "$RECORD"
-cp "$3" "$4"
+python - "$3" "$4" <<'PY'
+import sys, nbformat
+nb = nbformat.read(sys.argv[1], as_version=4)
+for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+    cell.execution_count = i + 1
+nbformat.write(nb, sys.argv[2])
+PY
 """
 
 
@@ -102,10 +108,25 @@ def test_execute_runs_every_solution_and_prints_its_wall_time(clone):
     assert git(clone, "status", "--porcelain") == ""
 
 
+@pytest.mark.parametrize(("args", "fast"), [([], "True"), (["--full"], "False")])
+def test_site_executes_every_solution_then_builds_the_site(clone, args, fast):
+    proc, calls = run(clone, "--site", *args)
+    assert proc.returncode == 0, proc.stderr
+    solutions = sorted(p.name for p in (clone / "notebooks").glob("[0-9]*.ipynb"))
+    assert [c.split()[2] for c in calls] == [f"notebooks/{n}" for n in solutions]
+    assert all(c.endswith(f"-p FAST {fast}") for c in calls)
+    pages = sorted(p.name for p in (clone / "site").glob("*.html"))
+    assert pages == sorted(["index.html", "benchmarks.html"] + [n.replace(".ipynb", ".html") for n in solutions])
+    assert f"{len(pages)} pages in site/" in proc.stdout
+    assert git(clone, "status", "--porcelain") == ""  # outputs/ and site/ are ignored
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--fast"], "--fast applies to --execute only"),
     (["--student"], "unknown option '--student'"),
-    (["--execute", "--instructor"], "--instructor and --execute exclude each other"),
+    (["--execute", "--instructor"], "--instructor, --execute and --site exclude each other"),
+    (["--site", "--execute"], "--instructor, --execute and --site exclude each other"),
+    (["--execute", "--full"], "--full applies to --site only"),
 ])
 def test_bad_options_are_named_and_exit_2(clone, args, message):
     proc, argv = run(clone, *args)

@@ -1,0 +1,233 @@
+"""The course as a static site: every executed notebook as one HTML page, a landing page and a benchmarks page.
+
+    python -m course site [--from outputs] [--out site] [--partial]
+
+Each notebook becomes a page through nbconvert's ``lab`` template (the look of JupyterLab; figures are
+already inside the executed notebook as PNG data and stay in the page, so a page is one file). nbconvert is
+what the notebooks' own tools (papermill, nbval, JupyterLab) already install, and it needs no Node or MyST
+tool chain; the rest — the landing page with the README's table of notebooks, the benchmarks page rendered
+from ``docs/benchmarks.md`` (and ``docs/notebook-times.md`` when it exists) and a bar of links on every page
+(index, benchmarks, previous and next notebook, Colab where the course's home is set) — is a few lines here.
+
+A notebook that was not executed, or that holds an error output, is refused: the site shows results, so a
+page without them would be a silent failure. With ``partial=True`` notebooks missing from the folder are
+listed on the landing page without a link instead of stopping the build.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+__all__ = ["NotebookEntry", "notebook_table", "check_executed", "build_site", "INDEX", "BENCHMARKS"]
+
+INDEX, BENCHMARKS = "index.html", "benchmarks.html"
+ROW = re.compile(r"^\| `(\d\d_\w+)` \| (.+?) \|\s*$", re.M)
+IMAGE = re.compile(r'(<img[^>]*\bsrc=")([^":#?]+)(")')  # a relative image path in rendered markdown
+BENCH_DOCS = ("benchmarks.md", "notebook-times.md")
+
+CSS = """
+.course-nav { display: flex; gap: 1.2em; align-items: center; flex-wrap: wrap; padding: 0.6em 1em;
+  margin: 0 0 1em 0; background: #f3f5f7; border-bottom: 1px solid #d0d7de; font: 14px/1.4 sans-serif; }
+.course-nav a { text-decoration: none; color: #0550ae; }
+.course-nav .spacer { flex: 1; }
+.course-run { font: 13px/1.4 sans-serif; color: #57606a; margin: 0 1em 1em 1em; }
+.course-page { max-width: 960px; margin: 0 auto; padding: 0 1em 3em 1em; font: 16px/1.55 sans-serif; }
+.course-page table { border-collapse: collapse; margin: 1em 0; }
+.course-page th, .course-page td { border: 1px solid #d0d7de; padding: 0.35em 0.7em; text-align: left; }
+.course-page img { max-width: 100%; }
+.course-page pre { background: #f6f8fa; padding: 0.7em; overflow-x: auto; }
+"""
+
+
+@dataclass(frozen=True)
+class NotebookEntry:
+    """One row of the README's table of notebooks: ``name`` (file stem) and what it ``teaches``."""
+
+    name: str
+    teaches: str
+
+    @property
+    def page(self) -> str:
+        return f"{self.name}.html"
+
+
+def notebook_table(readme: str) -> list[NotebookEntry]:
+    """The README's table of notebooks (rows ``| `NN_name` | what it teaches |``), in order."""
+    rows = [NotebookEntry(name, teaches.strip()) for name, teaches in ROW.findall(readme)]
+    if not rows:
+        raise ValueError("the README has no table of notebooks (rows like | `01_kv_cache` | ... |)")
+    return rows
+
+
+def check_executed(nb: nbformat.NotebookNode, path: Path) -> None:
+    """Raise ``ValueError`` naming ``path`` when a code cell never ran or a cell's output is an error."""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        if cell.get("execution_count") is None:
+            raise ValueError(f"{path}: code cell {i} was not executed (build the site from executed notebooks, "
+                             "e.g. `bash scripts/run-course.sh --execute --fast`)")
+        if any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
+            raise ValueError(f"{path}: code cell {i} ended in an error; the site is built from notebooks that ran")
+
+
+def _title(nb: nbformat.NotebookNode, fallback: str) -> str:
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            m = re.search(r"^#\s+(.+)$", cell.source, re.M)
+            if m:
+                return re.sub(r"[*`]", "", m.group(1)).strip()
+    return fallback
+
+
+def _run_line(nb: nbformat.NotebookNode) -> str:
+    """One line on how the notebook was executed (papermill's record), or ""."""
+    pm = nb.metadata.get("papermill")
+    if not pm:
+        return ""
+    params = ", ".join(f"{k} = {v!r}" for k, v in (pm.get("parameters") or {}).items())
+    when = (pm.get("end_time") or "")[:16].replace("T", " ")
+    took = f"{pm['duration'] / 60:.1f} min" if pm.get("duration") else ""
+    parts = [f"parameters {params}" if params else "default parameters", f"finished {when} UTC" if when else "",
+             f"in {took}" if took else ""]
+    return "Executed with papermill: " + ", ".join(p for p in parts if p) + "."
+
+
+def _nav(entries: list[NotebookEntry], built: set[str], here: str, colab: dict[str, str]) -> str:
+    """The bar of links at the top and bottom of every page."""
+    links = [f'<a href="{INDEX}" rel="index">Index</a>', f'<a href="{BENCHMARKS}">Benchmarks</a>']
+    names = [e.name for e in entries if e.name in built]
+    if here in names:
+        i = names.index(here)
+        if i > 0:
+            links.append(f'<a href="{names[i - 1]}.html" rel="prev">&larr; {html.escape(names[i - 1])}</a>')
+        if i + 1 < len(names):
+            links.append(f'<a href="{names[i + 1]}.html" rel="next">{html.escape(names[i + 1])} &rarr;</a>')
+        if here in colab:
+            links += ['<span class="spacer"></span>', f'<a href="{html.escape(colab[here])}">Open in Colab</a>']
+    return f'<nav class="course-nav">{"".join(links)}</nav>'
+
+
+def _page(title: str, body: str, nav: str) -> str:
+    """A plain page (the landing and benchmarks pages)."""
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n"
+            f'<body>{nav}<div class="course-page">{body}</div>{nav}</body></html>\n')
+
+
+def _markdown(text: str) -> str:
+    from nbconvert.filters.markdown import markdown2html
+
+    return markdown2html(text)
+
+
+def _inline_markdown(text: str) -> str:
+    """One line of markdown as inline HTML (no enclosing paragraph)."""
+    return re.sub(r"^\s*<p>(.*)</p>\s*$", r"\1", _markdown(text), flags=re.S)
+
+
+def _copy_images(rendered: str, src_dir: Path, out: Path) -> str:
+    """Copy the images a rendered markdown page refers to (relative paths) into ``out`` beside it."""
+    def copy(m: re.Match) -> str:
+        src = (src_dir / m.group(2)).resolve()
+        if not src.is_file():
+            raise ValueError(f"{src_dir}: an image the page shows is missing: {m.group(2)}")
+        dest = out / "images" / src.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+        return f"{m.group(1)}images/{src.name}{m.group(3)}"
+    return IMAGE.sub(copy, rendered)
+
+
+def _colab_links(root: Path, entries: list[NotebookEntry]) -> tuple[dict[str, str], str]:
+    """Colab links per notebook (student copies) and a Binder link, from the course's one setting."""
+    from course.host import read_host
+
+    gh = read_host(root).github if (root / "pyproject.toml").is_file() else None
+    if gh is None:
+        return {}, ""
+    owner, name = gh
+    branch = read_host(root).branch
+    colab = {e.name: f"https://colab.research.google.com/github/{owner}/{name}/blob/{branch}/notebooks/student/"
+                     f"{e.name}.ipynb" for e in entries}
+    return colab, f"https://mybinder.org/v2/gh/{owner}/{name}/{branch}"
+
+
+def _index(readme: str, entries: list[NotebookEntry], built: set[str], colab: dict[str, str], binder: str,
+           runs: dict[str, str]) -> str:
+    intro = readme.split("\n| notebook |", 1)[0]
+    intro = re.sub(r"^# .*\n", "", intro, count=1)
+    rows = []
+    for e in entries:
+        name = (f'<a href="{e.page}">{html.escape(e.name)}</a>' if e.name in built
+                else f"{html.escape(e.name)} (not in this build)")
+        extra = f' <a href="{html.escape(colab[e.name])}">Colab</a>' if e.name in colab else ""
+        rows.append(f"<tr><td>{name}{extra}</td><td>{_inline_markdown(e.teaches)}</td></tr>")
+    links = f'<p>Run it yourself: <a href="{html.escape(binder)}">Binder</a> (JupyterLab, nothing to install).</p>' \
+        if binder else ""
+    run_notes = "".join(f"<li>{html.escape(n)}: {html.escape(r)}</li>" for n, r in runs.items() if r)
+    return (f"<h1>attention-sinks-course</h1>{_markdown(intro)}"
+            f"<table><thead><tr><th>notebook</th><th>teaches</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            f'{links}<p>Measured speed and memory: <a href="{BENCHMARKS}">benchmarks</a>.</p>'
+            + (f"<h2>How these pages were made</h2><ul>{run_notes}</ul>" if run_notes else ""))
+
+
+def build_site(executed: Path | str, out: Path | str, root: Path | str, partial: bool = False) -> dict:
+    """Build the site from the executed notebooks in ``executed`` into ``out`` (created; its old pages replaced).
+
+    ``root`` is the repository (README.md, docs/, pyproject.toml). Every notebook of the README's table must be
+    in ``executed`` unless ``partial``. Returns ``{"out", "pages", "notebooks", "missing"}``.
+    """
+    from nbconvert import HTMLExporter
+
+    executed, out, root = Path(executed), Path(out), Path(root)
+    if not executed.is_dir():
+        raise ValueError(f"--from {str(executed)!r} is not a folder of executed notebooks")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    entries = notebook_table(readme)
+    found = {e.name: executed / f"{e.name}.ipynb" for e in entries if (executed / f"{e.name}.ipynb").is_file()}
+    missing = [e.name for e in entries if e.name not in found]
+    if not found or (missing and not partial):
+        raise ValueError(f"{executed}: no executed copy of {', '.join(missing)} (execute them with "
+                         "`bash scripts/run-course.sh --execute --fast`, or pass --partial)")
+    notebooks = {name: nbformat.read(path, as_version=4) for name, path in found.items()}
+    for name, nb in notebooks.items():
+        check_executed(nb, found[name])
+
+    out.mkdir(parents=True, exist_ok=True)
+    for old in [INDEX, BENCHMARKS] + [e.page for e in entries]:  # only what a build writes
+        (out / old).unlink(missing_ok=True)
+    shutil.rmtree(out / "images", ignore_errors=True)
+    colab, binder = _colab_links(root, entries)
+    built = set(found)
+    exporter = HTMLExporter(template_name="lab", embed_images=True)
+    pages, runs = [INDEX, BENCHMARKS], {}
+    for name, nb in notebooks.items():
+        body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(found[name].parent),
+                                                                        "name": _title(nb, name)}})
+        nav = _nav(entries, built, name, colab)
+        runs[name] = _run_line(nb)
+        head = f"{nav}<div class=\"course-run\">{html.escape(runs[name])}</div>" if runs[name] else nav
+        body = re.sub(r"(<body[^>]*>\s*<main>)", lambda m: m.group(1) + head, body, count=1)
+        before, sep, after = body.rpartition("</main>")
+        body = before + nav + sep + after if sep else body
+        body = body.replace("</head>", f"<style>{CSS}</style></head>", 1)
+        (out / f"{name}.html").write_text(body, encoding="utf-8")
+        pages.append(f"{name}.html")
+
+    nav = _nav(entries, built, "", colab)
+    (out / INDEX).write_text(_page("attention-sinks-course", _index(readme, entries, built, colab, binder, runs), nav),
+                             encoding="utf-8")
+    bench = [_copy_images(_markdown((root / "docs" / doc).read_text(encoding="utf-8")), root / "docs", out)
+             for doc in BENCH_DOCS if (root / "docs" / doc).is_file()]
+    if not bench:
+        bench = ["<h1>Benchmarks</h1><p>No benchmark has been recorded (<code>python -m course bench</code>).</p>"]
+    (out / BENCHMARKS).write_text(_page("Benchmarks", "<hr>".join(bench), nav), encoding="utf-8")
+    return {"out": str(out), "pages": pages, "notebooks": list(found), "missing": missing}
