@@ -26,7 +26,7 @@ from course.kvcache import KVCache
 from course.models.base import CausalLM
 from course.policies import Policy
 
-__all__ = ["Step", "Sampler", "generate", "Chat", "Turn", "fluency"]
+__all__ = ["Step", "Sampler", "generate", "sample_batch", "Chat", "Turn", "fluency"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,29 @@ def generate(model: CausalLM, tokenizer, prompt: str | Tensor, policy: Policy | 
     cache, logits = compress_prompt(model, ids, policy)
     stop_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None and not ignore_eos else set()
     return _decode(model, tokenizer, cache, logits[0, -1], max_new_tokens, sampler, stop, stop_ids)
+
+
+@torch.inference_mode()
+def sample_batch(model: CausalLM, prompts: Tensor, policy: Policy | None = None, *, max_new_tokens: int = 128,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> tuple[Tensor, KVCache]:
+    """Continue every prompt of a batch at once through one cache managed by ``policy`` (measurements: no
+    stop token, every row generates ``max_new_tokens``). prompts: [B, P] ids, all of one length; row b
+    samples with its own seeded ``Sampler`` (seed + b). One decode step serves the whole batch, which on
+    a CPU costs about what one row costs. Returns the new ids [B, N] and the cache after the last token."""
+    _check_steps(max_new_tokens)
+    if prompts.dim() != 2 or prompts.shape[1] < 1:
+        raise ValueError(f"prompts must be ids of shape [B, P] with P >= 1, got {tuple(prompts.shape)}")
+    samplers = [Sampler(temperature, top_p, seed + b) for b in range(prompts.shape[0])]
+    model.config.check_tokens(prompts.shape[1] + max_new_tokens, "the prompts + max_new_tokens")
+    cache, logits = compress_prompt(model, prompts, policy)
+    logits = logits[:, -1]
+    new = []
+    for step in range(max_new_tokens):
+        tokens = torch.tensor([sample(row) for sample, row in zip(samplers, logits)], device=model.device)
+        new.append(tokens)
+        if step < max_new_tokens - 1:
+            logits = model(tokens[:, None], cache=cache).logits[:, -1]
+    return torch.stack(new, 1).cpu(), cache
 
 
 @dataclass

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +30,8 @@ from course.policies import FullCache, Policy
 from course.progress import progress_bar
 from course.timing import synchronize
 
-__all__ = ["StreamResult", "decode_stream", "exact_stream", "recompute_stream", "evaluate_stream", "next_token_nll"]
+__all__ = ["StreamResult", "decode_stream", "exact_stream", "recompute_nll", "recompute_stream", "evaluate_stream",
+           "next_token_nll"]
 
 
 @dataclass
@@ -184,6 +185,39 @@ def _bytes_after(cache, t: int, budget: int | None) -> int:
 
 
 @torch.inference_mode()
+def recompute_nll(model: CausalLM, ids: Tensor, window: int, targets: Sequence[int], batch: int = 16,
+                  progress: bool = True) -> Tensor:
+    """Dense sliding-window recomputation at chosen positions: the NLL of token t+1 predicted by a fresh
+    forward over tokens t-window+1 .. t (at positions 0..window-1), for every row of ``ids`` [B, T] and
+    every t in ``targets`` (each >= window - 1). Returns [B, len(targets)]; ``batch`` windows run at once.
+
+    The oracle costs a whole forward of ``window`` tokens per prediction; evaluating it at a sample of
+    positions (e.g. every 8th) and comparing other policies at the same positions keeps a comparison
+    exact and affordable."""
+    ids = _as_batch(ids).to(model.device)
+    if window < 1 or batch < 1:
+        raise ValueError(f"window and batch must be >= 1, got window={window}, batch={batch}")
+    model.config.check_tokens(window, "the recomputation window")  # each window restarts at position 0
+    targets = list(targets)
+    n = ids.shape[1]
+    if not targets or min(targets) < window - 1 or max(targets) > n - 2:
+        raise ValueError(f"targets must be positions between window - 1 = {window - 1} and {n - 2}, got "
+                         f"{targets[:1] + targets[-1:] if targets else targets}")
+    jobs = [(b, i, t) for b in range(ids.shape[0]) for i, t in enumerate(targets)]
+    nll = torch.zeros(ids.shape[0], len(targets), device=ids.device, dtype=torch.promote_types(model.dtype, torch.float32))
+    with _progress(len(jobs), f"recompute w={window}", progress) as bar:
+        for j0 in range(0, len(jobs), batch):
+            part = jobs[j0 : j0 + batch]
+            windows = torch.stack([ids[b, t - window + 1 : t + 1] for b, _, t in part])  # [k, window]
+            nexts = torch.stack([ids[b, t + 1 : t + 2] for b, _, t in part])  # [k, 1]
+            got = next_token_nll(model(windows).logits[:, -1:], nexts)[:, 0]  # the last position predicts t+1
+            for (b, i, _), v in zip(part, got):
+                nll[b, i] = v
+            bar.update(len(part))
+    return nll.cpu()
+
+
+@torch.inference_mode()
 def recompute_stream(
     model: CausalLM, ids: Tensor, window: int, batch: int = 1, progress: bool = True, start: int = 0
 ) -> StreamResult:
@@ -201,24 +235,18 @@ def recompute_stream(
         raise ValueError(f"window and batch must be >= 1, got window={window}, batch={batch}")
     model.config.check_tokens(window, "recompute_stream's window")  # each window restarts at position 0
     n = ids.shape[1]
-    nll = torch.zeros(1, n - 1, device=ids.device, dtype=torch.promote_types(model.dtype, torch.float32))
+    nll = torch.zeros(1, n - 1, dtype=torch.promote_types(model.dtype, torch.float32))
     t0 = time.perf_counter()
     first = max(start, window - 1)
-    with _progress(n - 1 - start, f"recompute w={window}", progress) as bar:
-        if start < window - 1:
-            m = min(window - 1, n - 1)
-            nll[:, :m] = next_token_nll(model(ids[:, :m]).logits, ids[:, 1 : m + 1])
-            bar.update(m - start)
-        for b0 in range(first, n - 1, batch):
-            ts = range(b0, min(b0 + batch, n - 1))
-            windows = torch.stack([ids[0, t - window + 1 : t + 1] for t in ts])  # [b, window]
-            logits = model(windows).logits[:, -1:]  # the last position predicts token t+1
-            nll[0, b0 : b0 + len(ts)] = next_token_nll(logits, ids[0, b0 + 1 : b0 + 1 + len(ts), None])[:, 0]
-            bar.update(len(ts))
+    if start < window - 1:
+        m = min(window - 1, n - 1)
+        nll[:, :m] = next_token_nll(model(ids[:, :m]).logits, ids[:, 1 : m + 1]).cpu()
+    if first < n - 1:
+        nll[:, first:] = recompute_nll(model, ids, window, range(first, n - 1), batch, progress)
     synchronize(ids.device)
     sizes = [model.cache_bytes_per_token * min(t + 1, window) for t in range(n - 1)]
     fill = window if window < n else None
-    return StreamResult(f"recompute({window})", nll.cpu(), sizes, time.perf_counter() - t0, fill)
+    return StreamResult(f"recompute({window})", nll, sizes, time.perf_counter() - t0, fill)
 
 
 def evaluate_stream(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from course.__main__ import main
-from course.generate import Chat, Sampler, generate
+from course.generate import Chat, Sampler, generate, sample_batch
 from course.policies import make_policy
 
 from .conftest import tiny_model
@@ -131,3 +131,20 @@ def test_generation_stops_at_the_end_of_sequence_unless_told_to_ignore_it():
     tok.eos_token_id = first  # the model's first greedy token now ends the text at once
     assert list(generate(model, tok, "abc", max_new_tokens=8)) == []
     assert len(list(generate(model, tok, "abc", max_new_tokens=8, ignore_eos=True))) == 8
+
+
+def test_a_batch_of_prompts_generates_what_each_prompt_generates_alone(family):
+    model, tok = tiny_model(family), CharTokenizer()
+    prompts = torch.cat([tok(p, return_tensors="pt").input_ids for p in ("the sink", "a window", "recent!!")])
+    for temperature in (0.0, 1.2):  # greedy, and sampled with seed + row
+        new, cache = sample_batch(model, prompts, make_policy("streaming", 12, model=model), max_new_tokens=20,
+                                  temperature=temperature, seed=5)
+        assert new.shape == (3, 20) and cache.n_slots == 12
+        for b in range(3):
+            alone = [s.token for s in generate(model, tok, prompts[b : b + 1], make_policy("streaming", 12, model=model),
+                                               max_new_tokens=20, temperature=temperature, seed=5 + b)]
+            assert new[b].tolist() == alone
+    with pytest.raises(ValueError, match=r"prompts must be ids of shape \[B, P\]"):
+        sample_batch(model, prompts[0], None, max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        sample_batch(model, prompts, None, max_new_tokens=0)

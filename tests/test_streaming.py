@@ -96,3 +96,35 @@ def test_stream_result_numbers():
     assert exact_stream(model, torch.randint(0, 97, (1, 8)), SlidingWindow(10), progress=False).ppl_after_fill is None
     with pytest.raises(ValueError, match="at least 2 tokens"):
         exact_stream(model, torch.randint(0, 97, (1, 1)))
+
+
+def test_recompute_at_chosen_positions_matches_fresh_windows_for_every_row(family):
+    from course.streaming import recompute_nll
+
+    model = tiny_model(family)
+    ids = torch.randint(0, 97, (3, 24), generator=torch.Generator().manual_seed(2))
+    targets = [5, 9, 13, 22]
+    nll = recompute_nll(model, ids, window=6, targets=targets, batch=5, progress=False)
+    assert nll.shape == (3, 4)
+    with torch.no_grad():
+        for b in range(3):
+            for i, t in enumerate(targets):
+                lp = torch.log_softmax(model(ids[b : b + 1, t - 5 : t + 1]).logits[0, -1].float(), -1)
+                assert abs(-lp[ids[b, t + 1]].item() - nll[b, i].item()) < 1e-6
+    with pytest.raises(ValueError, match="targets must be positions between window - 1 = 5 and 22"):
+        recompute_nll(model, ids, window=6, targets=[4], progress=False)
+    with pytest.raises(ValueError, match="targets must be"):
+        recompute_nll(model, ids, window=6, targets=[23], progress=False)
+
+
+def test_per_stream_perplexity_is_each_rows_own():
+    model = tiny_model("llama")
+    ids = torch.randint(0, 97, (3, 30))
+    r = exact_stream(model, ids, SlidingWindow(10), progress=False)
+    each = r.ppl_per_stream(10)
+    assert len(each) == 3
+    for b in range(3):
+        alone = exact_stream(model, ids[b : b + 1], SlidingWindow(10), progress=False)
+        assert each[b] == pytest.approx(alone.ppl(10), rel=1e-9)
+    with pytest.raises(ValueError, match="no scored tokens"):
+        r.ppl_per_stream(40)
