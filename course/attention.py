@@ -21,8 +21,8 @@ from torch import Tensor
 from course.models.base import CausalLM
 from course.policies import Policy
 
-__all__ = ["attention_maps", "sink_mass", "sink_heads_share", "top_k_mass", "uniform_mass", "sink_kept",
-           "residual_norms", "value_norms", "first_token_ablation"]
+__all__ = ["attention_maps", "sink_mass", "key_mass", "punctuation_keys", "sink_heads_share", "top_k_mass",
+           "uniform_mass", "sink_kept", "residual_norms", "value_norms", "first_token_ablation"]
 
 
 @torch.inference_mode()
@@ -48,6 +48,28 @@ def sink_mass(maps: list[Tensor], k: int = 1, skip: int | None = None) -> Tensor
     if skip >= t:
         raise ValueError(f"skip={skip} leaves no query in a sequence of {t} tokens")
     return torch.stack([w[:, :, skip:, :k].sum(-1).mean(dim=(0, 2)) for w in maps])
+
+
+def key_mass(maps: list[Tensor], keys: Tensor, skip: int = 4) -> Tensor:
+    """Mean attention mass on the keys marked in ``keys`` (bool [T], or [B, T] per row): [layers, heads].
+
+    Queries before position ``skip`` are left out (as in ``sink_mass``)."""
+    t = maps[0].shape[-1]
+    if keys.shape[-1] != t:
+        raise ValueError(f"keys must mark each of the {t} keys, got shape {tuple(keys.shape)}")
+    if skip >= t:
+        raise ValueError(f"skip={skip} leaves no query in a sequence of {t} tokens")
+    mark = keys.reshape(-1, 1, 1, t).to(maps[0].dtype)  # [B or 1, 1, 1, T]
+    return torch.stack([(w[:, :, skip:] * mark).sum(-1).mean(dim=(0, 2)) for w in maps])
+
+
+def punctuation_keys(tokenizer, ids: Tensor) -> Tensor:
+    """bool, shape of ``ids``: tokens whose text is only whitespace or punctuation (newlines, commas, full stops,
+    quotes) — the tokens trained models use as secondary sinks."""
+    flat = ids.reshape(-1).tolist()
+    texts = {i: tokenizer.decode([i]) for i in set(flat)}
+    plain = {i: bool(t) and all(not c.isalnum() for c in t) for i, t in texts.items()}
+    return torch.tensor([plain[i] for i in flat]).reshape(ids.shape)
 
 
 def uniform_mass(t: int, k: int = 1, skip: int | None = None) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -243,3 +244,31 @@ def test_sink_logit_fast_path_equals_reference_path(family):
             outputs.append((model(ids).logits, decoded))
     assert torch.allclose(outputs[0][0], outputs[1][0], atol=1e-10)
     assert torch.allclose(outputs[0][1], outputs[1][1], atol=1e-10)
+
+
+def test_key_mass_sums_the_attention_on_the_marked_keys():
+    from course.attention import key_mass, sink_mass
+
+    w = torch.softmax(torch.randn(2, 3, 8, 8).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -math.inf), -1)
+    first = torch.zeros(8, dtype=torch.bool)
+    first[0] = True
+    assert torch.allclose(key_mass([w], first, skip=4), sink_mass([w], k=1, skip=4))
+    assert torch.allclose(key_mass([w], torch.ones(8, dtype=torch.bool), skip=2), torch.ones(1, 3))
+    per_row = torch.zeros(2, 8, dtype=torch.bool)
+    per_row[1, 3] = True  # only row 1 marks key 3
+    assert torch.allclose(key_mass([w], per_row, skip=4), w[1:, :, 4:, 3].sum(0).mean(-1)[None] / 2)
+    with pytest.raises(ValueError, match="each of the 8 keys"):
+        key_mass([w], first[:5])
+
+
+def test_punctuation_keys_marks_newlines_and_punctuation_only():
+    from course.attention import punctuation_keys
+
+    class Tok:
+        table = {0: "\n", 1: " the", 2: ",", 3: " \u201c", 4: "Sink", 5: ".\n\n"}
+
+        def decode(self, ids):
+            return "".join(self.table[i] for i in ids)
+
+    marks = punctuation_keys(Tok(), torch.tensor([[0, 1, 2, 3, 4, 5]]))
+    assert marks.tolist() == [[True, False, True, True, False, True]]
