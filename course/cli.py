@@ -408,7 +408,7 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
 def _bench_notebooks(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
-    from course.notebook_times import time_notebooks, times_table, write_times
+    from course.notebook_times import budget_verdict, time_notebooks, times_table, write_times
 
     paths = sorted(Path(args.notebook_dir).glob("[0-9]*.ipynb"))
     if not paths:
@@ -417,6 +417,8 @@ def _bench_notebooks(args: argparse.Namespace) -> dict:
     report = write_times(rows, Path(args.report or "docs/notebook-times.md"), args.fast)
     if not args.json:
         print(times_table(rows))
+        if args.fast:
+            print(budget_verdict(rows))
         print(f"Saved: {report}")
     return {"rows": rows, "report": str(report)}
 

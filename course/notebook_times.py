@@ -19,7 +19,7 @@ from pathlib import Path
 
 from course.threads import competing_process, cpu_cores
 
-__all__ = ["execute_notebook", "time_notebooks", "times_table", "write_times"]
+__all__ = ["execute_notebook", "time_notebooks", "times_table", "budget_verdict", "write_times"]
 
 
 @contextmanager
@@ -89,6 +89,20 @@ def times_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+FAST_BUDGET_S = {"notebook": 180, "all": 900}  # FAST: at most 3 min per notebook and 15 min for all of them
+
+
+def budget_verdict(rows: list[dict]) -> str:
+    """One line: does every column meet the FAST budget (3 min per notebook, 15 min in all)? Names what does not."""
+    keys = [k for k in ("quiet_s", "competing_s") if all(k in r for r in rows)]
+    over = [f"{r['notebook']} ({k[:-2]}, {_minutes(r[k])})" for k in keys for r in rows
+            if r[k] > FAST_BUDGET_S["notebook"]]
+    over += [f"all ({k[:-2]}, {_minutes(sum(r[k] for r in rows))})" for k in keys
+             if sum(r[k] for r in rows) > FAST_BUDGET_S["all"]]
+    budget = f"{FAST_BUDGET_S['notebook'] // 60} min per notebook, {FAST_BUDGET_S['all'] // 60} min in all"
+    return f"FAST budget ({budget}): " + ("met in every column." if not over else "over in " + "; ".join(over) + ".")
+
+
 def write_times(rows: list[dict], path: Path, fast: bool, threads_note: str = "") -> Path:
     """Write the table with the machine and mode it was measured on to ``path`` (markdown)."""
     import torch
@@ -103,6 +117,7 @@ def write_times(rows: list[dict], path: Path, fast: bool, threads_note: str = ""
         f"Machine: {platform.machine()}, {cpu_cores()} cores, torch {torch.__version__}, "
         f"{datetime.now(timezone.utc):%Y-%m-%d}.{(' ' + threads_note) if threads_note else ''}\n\n"
         + times_table(rows) + "\n"
+        + (f"\n{budget_verdict(rows)}\n" if fast else "")
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

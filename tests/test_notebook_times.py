@@ -52,6 +52,17 @@ def test_times_table_totals_the_rows():
     assert times_table([{"notebook": "01_a", "quiet_s": 3.0}]).splitlines()[0] == "| notebook | wall time |"
 
 
+def test_the_fast_budget_verdict_names_what_is_over():
+    from course.notebook_times import budget_verdict
+
+    ok = [{"notebook": f"0{i}_x", "quiet_s": 100.0, "competing_s": 170.0} for i in range(1, 6)]
+    assert budget_verdict(ok).endswith("met in every column.")
+    slow = ok[:4] + [{"notebook": "05_x", "quiet_s": 100.0, "competing_s": 200.0}]
+    assert "over in 05_x (competing, 3 min 20 s)" in budget_verdict(slow)
+    many = ok + [{"notebook": "06_x", "quiet_s": 100.0, "competing_s": 170.0}]  # 6 x 170 s = 17 min
+    assert "all (competing, 17 min 00 s)" in budget_verdict(many) and "quiet" not in budget_verdict(many)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--fast"], "--fast applies to --notebooks only"),
     (["--competing"], "--competing applies to --notebooks or --threads only"),
