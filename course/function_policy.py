@@ -17,7 +17,8 @@ Every function sees one batch row at a time (``S`` cached slots, ``H_kv`` KV hea
 * ``ranks(positions [S] long) -> [S]``: the positions RoPE gives one KV head's cached keys under the
   cache rule (StreamingLLM's re-assignment).
 
-``seen`` is the number of tokens processed before the current forward pass.
+``seen`` is the number of tokens processed before the current forward pass. The functions get copies on
+the CPU (weights in float32) and may return any tensor-like value of the right shape.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ __all__ = ["FunctionPolicy", "streaming_policy", "h2o_policy", "snapkv_policy"]
 ScoresFn = Callable[[Tensor, Tensor, int], Any]
 ObserveFn = Callable[[Tensor, Tensor, Tensor, int], Any]
 RanksFn = Callable[[Tensor], Any]
+
+
+def _copy(t: Tensor) -> Tensor:
+    """A CPU copy the given function may change in place without touching the cache."""
+    return t.detach().to("cpu", copy=True)
 
 
 def _as_tensor(value: Any, shape: tuple[int, ...], what: str) -> Tensor:
@@ -84,7 +90,7 @@ class FunctionPolicy(Policy):
 
     def scores(self, layer, seen: int) -> Tensor:
         pos, stat = layer.positions[:, :, : layer.length], layer.stat(self.name)
-        rows = [_as_tensor(self._scores(pos[b].clone(), stat[b].clone(), seen), pos.shape[1:], "the scores function")
+        rows = [_as_tensor(self._scores(_copy(pos[b]), _copy(stat[b]), seen), pos.shape[1:], "the scores function")
                 for b in range(pos.shape[0])]
         return torch.stack(rows).to(device=pos.device, dtype=torch.float32)
 
@@ -96,14 +102,14 @@ class FunctionPolicy(Policy):
             return
         pos, stat = layer.positions[:, :, : layer.length], layer.stat(self.name)
         for b in range(pos.shape[0]):
-            new = self._observe(stat[b].clone(), weights[b].float(), pos[b].clone(), seen)
+            new = self._observe(_copy(stat[b]), _copy(weights[b].float()), _copy(pos[b]), seen)
             stat[b] = _as_tensor(new, stat.shape[1:], "the observe function").to(stat)
 
     def cache_ranks(self, k_pos: Tensor) -> Tensor:
         if self._ranks is None:
             return super().cache_ranks(k_pos)
         rows = k_pos.reshape(-1, k_pos.shape[-1])
-        ranks = [_as_tensor(self._ranks(r.clone()), r.shape, "the ranks function") for r in rows]
+        ranks = [_as_tensor(self._ranks(_copy(r)), r.shape, "the ranks function") for r in rows]
         return torch.stack(ranks).to(device=k_pos.device, dtype=torch.long).reshape(k_pos.shape)
 
 

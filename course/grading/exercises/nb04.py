@@ -121,8 +121,8 @@ def h2o_accumulate(acc: Tensor, weights: Tensor) -> Tensor:
     query heads that share a KV head (heads h*G .. h*G+G-1 share KV head h). Returns [H_kv, S].
     """
     h_kv, h = acc.shape[0], weights.shape[0]
-    received = weights.sum(1)  # [H, S]
-    return acc + received.reshape(h_kv, h // h_kv, -1).mean(1)
+    grouped = weights.reshape(h_kv, h // h_kv, *weights.shape[1:]).mean(1)  # [H_kv, rows, S]
+    return acc + grouped.sum(1)
 
 
 def h2o_scores(acc: Tensor, positions: Tensor, seen: int, recent: int) -> Tensor:
