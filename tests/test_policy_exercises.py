@@ -253,3 +253,13 @@ def test_the_grader_scores_policy_exercises_from_its_own_process(tmp_path):
     assert rows["05.snapkv_select"]["status"] == "wrong" and "pool the votes along the keys" in \
         rows["05.snapkv_select"]["feedback"]
     assert all(rows[e]["status"] == "pass" for e in ("05.observation_votes", "05.pool_votes", "05.snapkv_keep"))
+
+
+def test_rerotate_is_checked_with_the_models_theta():
+    from course.models.llama import rope
+
+    def default_theta(k_rot, old_pos, new_pos, theta=10000.0):
+        return rope(k_rot[None], (new_pos - old_pos)[None], 10000.0)[0]
+
+    status, feedback = result_of(REGISTRY["03.rerotate"], default_theta)
+    assert status == "wrong" and "use the theta you are given (100000)" in feedback, feedback

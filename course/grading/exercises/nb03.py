@@ -68,19 +68,22 @@ def rerotate(k_rot: Tensor, old_pos: Tensor, new_pos: Tensor, theta: float = 100
 @exercise("03.rerotate", "Exercise 2 (re-rotating cached keys)", rerotate)
 def _check_rerotate(fn) -> None:
     g = torch.Generator().manual_seed(0)
-    k = torch.randn(1, 6, 8, generator=g, dtype=torch.float64)  # [heads=1, N, d]
-    old = torch.tensor([0, 1, 50, 51, 52, 53])
-    new = torch.tensor([0, 1, 2, 3, 4, 5])
-    k_old = rope(k[None], old[None], 10000.0)[0]
-    want = rope(k[None], new[None], 10000.0)[0]
-    got = fn(k_old, old, new, 10000.0)
-    if close(got, want, 1e-6):
-        return
-    if close(got, rope(k_old[None], new[None], 10000.0)[0], 1e-6):
-        raise Wrong("the keys are already rotated by their old positions: rotate by the *difference* new - old")
-    if close(got, rope(k_old[None], (old - new)[None], 10000.0)[0], 1e-6):
-        raise Wrong("wrong direction: rotate by new - old, not old - new")
-    raise Wrong("RoPE rotations compose: rotating by a then by b is rotating by a + b; use course.models.llama.rope")
+    cases = [(torch.tensor([0, 1, 50, 51, 52, 53]), torch.tensor([0, 1, 2, 3, 4, 5]), 1, 10000.0),
+             (torch.tensor([0, 1, 2, 3, 907, 904, 905, 906]), torch.tensor([0, 1, 2, 3, 7, 4, 5, 6]), 3, 100000.0)]
+    for old, new, heads, theta in cases:
+        k = torch.randn(heads, len(old), 8, generator=g, dtype=torch.float64)  # [heads, N, d]
+        k_old = rope(k[None], old[None], theta)[0]
+        want = rope(k[None], new[None], theta)[0]
+        got = fn(k_old, old, new, theta)
+        if close(got, want, 1e-6):
+            continue
+        if close(got, rope(k_old[None], new[None], theta)[0], 1e-6):
+            raise Wrong("the keys are already rotated by their old positions: rotate by the *difference* new - old")
+        if close(got, rope(k_old[None], (old - new)[None], theta)[0], 1e-6):
+            raise Wrong("wrong direction: rotate by new - old, not old - new")
+        if close(got, rope(k_old[None], (new - old)[None], 10000.0)[0], 1e-6):
+            raise Wrong(f"use the theta you are given ({theta:g}): models differ (SmolLM2 uses 100000)")
+        raise Wrong("RoPE rotations compose: rotating by a then by b is rotating by a + b; use course.models.llama.rope")
 
 
 # ----------------------------------------------------------------------------- 3. the ring buffer
