@@ -322,7 +322,7 @@ class KVCache:
         budget = self.policy.budget
         if t > 1 and self._streamed() and budget is not None and n > budget:
             return q_pos, k_pos, SinkRotation(q_pos.clamp(max=budget - 1), self.policy.pinned(k_pos))
-        ranks = k_pos.argsort(dim=-1).argsort(dim=-1)
+        ranks = self.policy.cache_ranks(k_pos)
         q_rank = torch.arange(n - t, n, device=q_pos.device).expand(q_pos.shape[0], t)
         return q_rank, ranks, None
 

@@ -108,6 +108,11 @@ class Policy:
         """Which keys are pinned sinks (bool, same shape as k_pos)."""
         return torch.zeros_like(k_pos, dtype=torch.bool)
 
+    def cache_ranks(self, k_pos: Tensor) -> Tensor:
+        """Positions of the cached keys under the cache rule: each slot's rank among the cached original
+        positions, 0 for the oldest ([B, H_kv, S] long -> [B, H_kv, S] long; slots are not in token order)."""
+        return k_pos.argsort(dim=-1).argsort(dim=-1)
+
     def check_model(self, config) -> None:
         """Refuse combinations a model (its ``ModelConfig``) cannot do: GPT-2 cannot re-assign positions."""
         if self.position_rule == "cache" and not config.reassigns_positions:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from course.evaluate import compress_prompt
 from course.models import build_model
 from course.models.base import CausalLM, ModelConfig
+from course.policies import Policy
+from course.streaming import next_token_nll
 
 
 def tiny_model(family: str = "llama", seed: int = 0, n_layer: int = 2) -> CausalLM:
@@ -42,3 +45,38 @@ class CallCounter:
 
     def __getattr__(self, name):
         return getattr(self.model, name)
+
+
+def token_ids(n: int, vocab: int = 53, seed: int = 0) -> torch.Tensor:
+    """[1, n] random token ids."""
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _kept(cache) -> torch.Tensor:
+    """Sorted cached positions of every layer and KV head (batch row 0): [L, H_kv, S]."""
+    return torch.stack([layer.live()[2][0].sort(dim=-1).values for layer in cache.layers])
+
+
+@torch.inference_mode()
+def policy_trace(model: CausalLM, ids: torch.Tensor, policy: Policy, prompt: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Run ``policy`` in the real cache: the first ``prompt`` tokens of ``ids`` [1, T] as one prompt,
+    compressed (``course.evaluate.compress_prompt``), then one token at a time (the decode loop).
+
+    Returns the kept positions ([L, H_kv, S], sorted) after the compression (if any) and after every
+    decoding step, and the NLL of every token predicted by a decoding step [T - max(prompt, 1)]."""
+    if prompt:
+        cache, _ = compress_prompt(model, ids[:, :prompt], policy)
+        kept = [_kept(cache)]
+    else:
+        cache, kept = model.new_cache(1, policy), []
+    nll = []
+    for t in range(prompt, ids.shape[1] - 1):
+        logits = model(ids[:, t : t + 1], cache=cache).logits
+        nll.append(next_token_nll(logits, ids[:, t + 1 : t + 2])[0, 0])
+        kept.append(_kept(cache))
+    return kept, torch.stack(nll)
+
+
+def first_difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> int | None:
+    """Index of the first step whose kept positions differ, or None."""
+    return next((i for i, (g, w) in enumerate(zip(got, want)) if not torch.equal(g, w)), None)

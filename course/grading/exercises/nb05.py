@@ -6,9 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from course.function_policy import snapkv_policy
 from course.grading.core import Wrong, exercise
-from course.grading.exercises.fixtures import close
-from course.policies import group_mean
+from course.grading.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
+from course.policies import group_mean, make_policy
 
 
 # ----------------------------------------------------------------------------- 1. votes
@@ -107,3 +108,105 @@ def _check_keep(fn) -> None:
         if torch.equal(got[:, : capacity - window], wrong_group.sort(-1).values):
             raise Wrong("query heads h*G .. h*G+G-1 share KV head h: average neighbouring heads")
         raise Wrong("keep, per KV head, the capacity - window prefix positions with the highest group-mean votes")
+
+
+# ----------------------------------------------------------------------------- 4. SnapKV as a policy
+def snapkv_select(attn: Tensor, capacity: int, kernel: int, pooling: str, kv_heads: int) -> Tensor:
+    """The slots SnapKV keeps of a prompt, per KV head, from its observation window's attention.
+
+    attn: [H, w, S] attention of the prompt's last w queries over its S slots (the window's own keys are
+    the last w). Votes: each prefix slot's attention summed over the w queries; pooled along the keys
+    (``pooling`` "max" or "avg", centred, width ``kernel``); averaged within each GQA group (query heads
+    h*G .. h*G+G-1 share KV head h); the capacity - w best prefix slots plus the w window slots.
+    Returns [kv_heads, capacity] slot indices.
+    """
+    h, w, s = attn.shape
+    votes = attn[:, :, : s - w].sum(1)  # [H, P]
+    per_kv = pool_votes(votes, kernel, pooling).reshape(kv_heads, h // kv_heads, -1).mean(1)  # [H_kv, P]
+    top = per_kv.topk(capacity - w, dim=-1).indices
+    return torch.cat([top, torch.arange(s - w, s).expand(kv_heads, w)], dim=-1)
+
+
+def _per_kv(votes: Tensor, kv_heads: int) -> Tensor:
+    return group_mean(votes[None], kv_heads)[0]
+
+
+def _pool_over_window(attn: Tensor, kernel: int, pooling: str) -> Tensor:
+    h, w, s = attn.shape
+    x = attn.transpose(1, 2).reshape(h, s, w)
+    return pool_votes(x.reshape(h * s, w), kernel, pooling).reshape(h, s, w).transpose(1, 2)
+
+
+# Scores a wrong SnapKV ranks the prefix slots by (attn [H, w, S], kernel, pooling, kv_heads -> [H_kv, P]),
+# with the hint for that mistake; the first is the reference.
+_SCORINGS = [
+    (lambda a, k, p, kv: _per_kv(pool_votes(a[:, :, : a.shape[-1] - a.shape[1]].sum(1), k, p), kv), None),
+    (lambda a, k, p, kv: _per_kv(a[:, :, : a.shape[-1] - a.shape[1]].sum(1), kv),
+     "pool the votes along the keys (kernel neighbouring slots) so that spans survive"),
+    (lambda a, k, p, kv: _per_kv(_pool_over_window(a, k, p)[:, :, : a.shape[-1] - a.shape[1]].sum(1), kv),
+     "pool along the keys (neighbouring slots of one query's votes), not across the observation window's queries"),
+    (lambda a, k, p, kv: _per_kv(pool_votes(a.reshape(-1, a.shape[-1]), k, p).reshape(a.shape)
+                                 [:, :, : a.shape[-1] - a.shape[1]].sum(1), kv),
+     "first sum the window's votes per key, then pool the summed votes (pooling each query's row first differs)"),
+    (lambda a, k, p, kv: pool_votes(_per_kv(a[:, :, : a.shape[-1] - a.shape[1]].sum(1), kv), k, p),
+     "pool each query head's votes, then average the GQA group (max pooling does not commute with the mean)"),
+    (lambda a, k, p, kv: pool_votes(a[:, :, : a.shape[-1] - a.shape[1]].sum(1), k, p).reshape(
+        -1, kv, a.shape[-1] - a.shape[1]).mean(0),
+     "GQA grouping: query heads h*G .. h*G+G-1 share KV head h; average neighbouring heads, not every kv_heads-th"),
+    (lambda a, k, p, kv: _per_kv(pool_votes(a[:, :, : a.shape[-1] - a.shape[1]].sum(1), k, "avg" if p == "max" else "max"),
+                                 kv), "use the pooling asked for (`pooling` is 'max' or 'avg')"),
+]
+
+
+def _is_top_set(keep: Tensor, scores: Tensor, w: int) -> bool:
+    """Is ``keep`` ([H_kv, capacity]) the window (slots P .. P+w-1) plus a best-scored set of prefix slots under
+    ``scores`` ([H_kv, P]), ties in any order?"""
+    p = scores.shape[-1]
+    for row, sc in zip(keep.tolist(), scores.double()):
+        prefix = [k for k in row if k < p]
+        if sorted(k for k in row if k >= p) != list(range(p, p + w)) or len(prefix) != len(row) - w:
+            return False
+        mask = torch.zeros(p, dtype=torch.bool)
+        mask[prefix] = True
+        if bool((~mask).any()) and float(sc[mask].min()) < float(sc[~mask].max()) - 1e-5:
+            return False
+    return True
+
+
+@exercise("05.snapkv_select", "Exercise 4 (SnapKV's selection in the real cache)", snapkv_select, points=2)
+def _check_snapkv_select(fn) -> None:
+    model, ids = tiny_model("llama"), token_ids(36, seed=4)
+    kv, calls = model.config.n_kv_head, []  # (attn, kept slots, kernel, pooling) of every call
+    for capacity, window, kernel, pooling in ((12, 4, 5, "max"), (10, 3, 3, "avg")):
+
+        def recorded(attn, cap, k, pool, n_kv):
+            keep = fn(attn, cap, k, pool, n_kv)
+            calls.append((attn, keep, k, pool))
+            return keep
+
+        settings = dict(obs_window=window, kernel=kernel, pooling=pooling)
+        n_before = len(calls)
+        want_kept, want_nll = policy_trace(model, ids, make_policy("snapkv", capacity, model=model, **settings), 30)
+        try:
+            got_kept, got_nll = policy_trace(model, ids, snapkv_policy(recorded, capacity, model=model, **settings), 30)
+        except ValueError as e:
+            if "different slots" in str(e):
+                raise Wrong(f"{e}: the window's own slots are kept anyway; vote for the prefix slots 0 .. S-w-1 only") \
+                    from None
+            raise Wrong(str(e)) from None
+        if len(calls) == n_before:
+            raise Wrong("the select function was never called")
+        if any(not set(range(a.shape[-1] - window, a.shape[-1])) <= set(torch.as_tensor(k).flatten().tolist())
+               for a, k, _, _ in calls[n_before:]):
+            raise Wrong("the observation window (the last w slots) is always kept, in every KV head")
+        if first_difference(got_kept, want_kept) is None and not close(got_nll, want_nll, 1e-6):
+            raise Wrong("the cache kept the course's slots but the NLL differs")
+
+    def top_everywhere(score) -> bool:
+        return all(_is_top_set(torch.as_tensor(k), score(a, ker, pool, kv), a.shape[1]) for a, k, ker, pool in calls)
+
+    if top_everywhere(_SCORINGS[0][0]):
+        return  # the course's slots, or others tied with them
+    hint = next((h for score, h in _SCORINGS[1:] if top_everywhere(score)), None)
+    raise Wrong(hint or "your slots are not the best-voted ones: sum the window's votes per prefix key, pool along "
+                "the keys, average each GQA group, keep the capacity - w best plus the window")
