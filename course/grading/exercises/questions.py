@@ -61,7 +61,7 @@ def _as_number(value: object) -> float | None:
         import torch
 
         t = torch.as_tensor(value)
-        return float(t) if t.numel() == 1 and not t.dtype == torch.bool else None
+        return float(t) if t.dim() == 0 and t.dtype != torch.bool else None
     except (TypeError, ValueError, RuntimeError):
         return None
 
