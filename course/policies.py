@@ -46,6 +46,8 @@ __all__ = [
     "H2O",
     "SnapKV",
     "RandomEviction",
+    "ScoreFunction",
+    "accumulate_attention",
     "make_policy",
     "POLICY_NAMES",
 ]
@@ -74,6 +76,13 @@ def group_mean(weights: Tensor, kv_heads: int) -> Tensor:
     """
     b, h = weights.shape[:2]
     return weights.reshape(b, kv_heads, h // kv_heads, *weights.shape[2:]).mean(dim=2)
+
+
+def accumulate_attention(layer: LayerCache, weights: Tensor) -> None:
+    """Add the attention each cached key received ([B, H, rows, S]) to the layer's running sums
+    (``layer.stat("attention")``, [B, H_kv, S]), averaged over the query heads of each GQA group."""
+    acc = layer.stat("attention")
+    acc += group_mean(weights.float(), layer.keys.shape[1]).sum(dim=2)
 
 
 class Policy:
@@ -260,8 +269,7 @@ class H2O(Policy):
         return n_queries
 
     def observe(self, layer: LayerCache, weights: Tensor, seen: int) -> None:
-        acc = layer.stat("attention")  # [B, H_kv, S]
-        acc += group_mean(weights.float(), layer.keys.shape[1]).sum(dim=2)
+        accumulate_attention(layer, weights)
 
     def scores(self, layer: LayerCache, seen: int) -> Tensor:
         pos = layer.positions[:, :, : layer.length]
@@ -358,6 +366,50 @@ class RandomEviction(Policy):
     @property
     def label(self) -> str:
         return f"random({self.budget})"
+
+
+class ScoreFunction(Policy):
+    """A policy of your own: its keep-scores come from a function of what the cache knows.
+
+    ``score_fn(positions, attention, seen, budget)`` is called for every batch row with
+    positions [H_kv, S] (the original stream position of every cached slot, in slot order),
+    attention [H_kv, S] (the attention each slot has received so far, summed over the queries and
+    averaged within each GQA group, as H2O accumulates it), ``seen`` (tokens seen so far) and the
+    budget; it returns [H_kv, S] keep-scores (higher = keep, inf = never evict). The cache evicts
+    the lowest-scored slot; the function sees nothing else (no model, no text, no future).
+    """
+
+    name = "custom"
+
+    def __init__(self, score_fn, budget: int, positions: PositionRule = "original", name: str = "custom") -> None:
+        if not callable(score_fn):
+            raise TypeError(f"score_fn must be a function, got {type(score_fn).__name__}")
+        self.score_fn = score_fn
+        self.budget = _check_int("budget", budget, 2)
+        self.position_rule = _check_rule(positions)
+        self.name = str(name)
+
+    def attention_rows(self, n_queries: int) -> int:
+        return n_queries
+
+    def observe(self, layer: LayerCache, weights: Tensor, seen: int) -> None:
+        accumulate_attention(layer, weights)
+
+    def scores(self, layer: LayerCache, seen: int) -> Tensor:
+        pos = layer.positions[:, :, : layer.length]
+        acc = layer.stat("attention")
+        rows = []
+        for b in range(pos.shape[0]):
+            s = torch.as_tensor(self.score_fn(pos[b].cpu().clone(), acc[b].cpu().clone(), seen, self.budget))
+            if tuple(s.shape) != tuple(pos[b].shape):
+                raise ValueError(f"{self.name}: the score function must return one score per slot, shape "
+                                 f"{tuple(pos[b].shape)} [kv_heads, slots]; got {tuple(s.shape)}")
+            rows.append(s.float())
+        return torch.stack(rows).to(pos.device)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}({self.budget})"
 
 
 POLICY_NAMES = ("full", "window", "streaming", "h2o", "snapkv", "random")

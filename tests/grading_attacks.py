@@ -13,7 +13,8 @@ from tests.grading_helpers import NOTEBOOKS, submission
 
 SOLUTION = NOTEBOOKS / "01_kv_cache.ipynb"
 BLANK = NOTEBOOKS / "student" / "01_kv_cache.ipynb"
-EXERCISES = ("01.attention_step", "01.kv_cache_bytes", "01.generate_greedy")
+EXERCISES = ("01.attention_step", "01.kv_cache_bytes", "01.generate_greedy")  # the ones the attacks aim at
+POINTS = 8  # notebook 01 in all: 4 exercises and 4 questions, a point each
 
 # Replaces the grading functions in the kernel before any check runs (the exercises are not done).
 PATCH_THE_CHECKER = """
@@ -134,7 +135,7 @@ for _ in range(100):
 
 
 def build_class(root: Path, pid_file: Path) -> dict[str, int]:
-    """The attack submissions under ``root``; returns the correct points (of 3) per student."""
+    """The attack submissions under ``root``; returns the correct points (of ``POINTS``) per student."""
     submission(root / "a_honest", SOLUTION)
     submission(root / "b_patcher", BLANK, first_cell=PATCH_THE_CHECKER)
     submission(root / "c_forger", BLANK, extra_cell=FORGE_RECORDS)
@@ -144,6 +145,8 @@ def build_class(root: Path, pid_file: Path) -> dict[str, int]:
     submission(root / "g_never_ends", SOLUTION, extra_cell=NEVER_ENDS)
     submission(root / "h_flooder", SOLUTION, extra_cell=FLOOD)
     submission(root / "i_victim", SOLUTION)
-    # the saboteur and the forger name the grader's socket variables: their passing exercises go to review
-    return {"a_honest": 3, "b_patcher": 0, "c_forger": 0, "d_forwarder": 0, "e_quiet_forwarder": 0, "f_saboteur": 0,
-            "g_never_ends": 3, "h_flooder": 3, "i_victim": 3}
+    # the saboteur and the forger name the grader's socket variables, the forwarder imports the references: their
+    # passing exercises go to review; the quiet forwarder's other exercises (not forwarded) still count
+    quiet = POINTS - len(FORWARD_QUIETLY)
+    return {"a_honest": POINTS, "b_patcher": 0, "c_forger": 0, "d_forwarder": 0, "e_quiet_forwarder": quiet,
+            "f_saboteur": 0, "g_never_ends": POINTS, "h_flooder": POINTS, "i_victim": POINTS}

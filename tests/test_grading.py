@@ -250,7 +250,9 @@ WRONG: dict[str, list[tuple[Callable, str]]] = {
 
 
 def test_every_exercise_has_wrong_versions():
-    every = {**WRONG, **WRONG_POLICIES}
+    from tests.test_exercises_ramp import WRONG_QUESTIONS, WRONG_RAMP  # the ramp's exercises and the questions
+
+    every = {**WRONG, **WRONG_POLICIES, **WRONG_RAMP, **WRONG_QUESTIONS}
     missing = sorted(set(REGISTRY) - set(every))
     assert not missing, f"add at least two wrong implementations with their hints to WRONG for {missing}"
     assert sorted(every) == sorted(REGISTRY), f"WRONG names exercises that do not exist: {set(every) - set(REGISTRY)}"
@@ -484,6 +486,9 @@ def gradebook(tmp_path_factory, released) -> dict[str, list[dict]]:
     return by_student
 
 
+N_01 = sum(e.startswith("01.") for e in REGISTRY)  # notebook 01's exercises and questions: one row each
+
+
 def _by_exercise(rows: list[dict]) -> dict[str, dict]:
     return {r["exercise"]: r for r in rows}
 
@@ -496,7 +501,7 @@ def test_solution_gets_full_marks(gradebook):
 
 def test_blank_copy_gets_zero(gradebook):
     rows = gradebook["blank"]
-    assert len(rows) == 3 and all(r["status"] == "not_done" and r["points"] == 0 for r in rows), rows
+    assert len(rows) == N_01 and all(r["status"] == "not_done" and r["points"] == 0 for r in rows), rows
 
 
 def test_one_wrong_exercise_gets_zero_with_its_hint(gradebook):
@@ -508,9 +513,9 @@ def test_one_wrong_exercise_gets_zero_with_its_hint(gradebook):
 
 def test_notebooks_that_cannot_run_still_get_rows(gradebook):
     crashed = gradebook["crash"]
-    assert len(crashed) == 3 and all(r["points"] == 0 and "kernel died" in r["feedback"] for r in crashed), crashed
+    assert len(crashed) == N_01 and all(r["points"] == 0 and "kernel died" in r["feedback"] for r in crashed), crashed
     unreadable = gradebook["unreadable"]
-    assert len(unreadable) == 3 and all(r["status"] == "error" and "could not be run" in r["feedback"]
+    assert len(unreadable) == N_01 and all(r["status"] == "error" and "could not be run" in r["feedback"]
                                         for r in unreadable)
     [unknown] = gradebook["dave"]
     assert unknown["status"] == "error" and "notebook 42" in unknown["feedback"] and unknown["max_points"] == 0

@@ -7,3 +7,4 @@ from course.grading.exercises import nb04  # noqa: F401
 from course.grading.exercises import nb05  # noqa: F401
 from course.grading.exercises import nb06  # noqa: F401
 from course.grading.exercises import nb07  # noqa: F401
+from course.grading.exercises import questions  # noqa: F401  (every notebook's checked questions)

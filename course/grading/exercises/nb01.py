@@ -10,6 +10,7 @@ from torch import Tensor
 from course.grading.core import Wrong, exercise
 from course.grading.exercises.fixtures import CallCounter, close, tiny_model
 from course.kvcache import cache_bytes_per_token
+from course.memory import CONFIGS, cache_numbers_per_token, kv_bytes_per_token
 
 
 # ----------------------------------------------------------------------------- 1. one attention step
@@ -66,7 +67,7 @@ def kv_cache_bytes(n_layers: int, kv_heads: int, head_dim: int, tokens: int, bat
     return cache_bytes_per_token(n_layers, kv_heads, head_dim, dtype_bytes) * tokens * batch
 
 
-@exercise("01.kv_cache_bytes", "Exercise 2 (bytes of a KV cache)", kv_cache_bytes)
+@exercise("01.kv_cache_bytes", "Exercise 3 (bytes of a KV cache)", kv_cache_bytes)
 def _check_kv_cache_bytes(fn) -> None:
     cases = [(30, 3, 64, 1000, 3, 4), (32, 32, 128, 4096, 1, 2), (12, 12, 64, 1024, 8, 2), (40, 8, 128, 7, 3, 1)]
     for case in cases:
@@ -111,7 +112,7 @@ def _greedy_by_recomputation(model, prompt: Tensor, n_new: int) -> Tensor:
     return ids
 
 
-@exercise("01.generate_greedy", "Exercise 3 (greedy decoding with the cache)", generate_greedy)
+@exercise("01.generate_greedy", "Exercise 2 (greedy decoding with the cache)", generate_greedy)
 def _check_generate_greedy(fn) -> None:
     model = tiny_model("llama", seed=2)
     prompt = torch.tensor([[3, 14, 15, 9, 26]])
@@ -133,3 +134,51 @@ def _check_generate_greedy(fn) -> None:
         first = int((got != want).nonzero()[0, 1])
         raise Wrong(f"token {first} differs from greedy decoding without a cache: pass the same cache to every "
                     "call, and pick argmax of the *last* position's logits")
+
+
+# ----------------------------------------------------------------------------- 4. beyond GQA
+_QUANTISED = [("Llama-3-8B (GQA 32:8)", 8, 64), ("Llama-3-8B (GQA 32:8)", 4, 32), ("DeepSeek-V2 (MLA)", 4, 64),
+              ("Falcon-7B (MQA 71:1)", 8, 64), ("Llama-2-7B (MHA)", 4, 128)]
+
+
+def _diagnose_bytes(config: dict, bits: int, group_size: int | None, got: float) -> str | None:
+    """The typical mistake that gives ``got``, as a hint (None when none fits)."""
+    numbers = cache_numbers_per_token(config)
+    latent = "kv_lora_rank" in config
+    if latent and got == 2 * kv_bytes_per_token(config, bits, group_size):
+        return ("a latent cache stores ONE compressed vector per token and layer (every head's key and value are "
+                "re-projected from it): no factor 2 for keys and values")
+    no_rope = config["n_layers"] * config["kv_lora_rank"] if latent else 0
+    if latent and got in (no_rope * bits // 8, no_rope * bits // 8 + no_rope // (group_size or 1) * 4):
+        return "the decoupled RoPE key (rope_dim numbers per token and layer) is cached too"
+    if not latent and "n_heads" in config and config["n_heads"] != config["kv_heads"] and got == kv_bytes_per_token(
+            {**config, "kv_heads": config["n_heads"]}, bits, group_size):
+        return "the cache holds one key and one value per KV head (kv_heads), not per query head (n_heads)"
+    if got == numbers * bits:
+        return "bits is in bits: divide by 8 to get bytes"
+    if bits < 16:
+        data = numbers * bits // 8
+        if got == data:
+            return ("every group of group_size numbers also stores a scale and a zero point (2 bytes each, float16): "
+                    "add them")
+        if got == data + numbers // group_size * 2:
+            return "a group stores a scale AND a zero point, 2 bytes each"
+        if got == numbers * 2:
+            return "a quantised number takes bits / 8 bytes, not the 2 bytes of float16"
+    return None
+
+
+@exercise("01.kv_bytes_per_token", "Exercise 4 (bytes per token beyond GQA)", kv_bytes_per_token)
+def _check_kv_bytes_per_token(fn) -> None:
+    cases = [(name, 16, None) for name in CONFIGS] + _QUANTISED
+    for name, bits, group_size in cases:
+        config = dict(CONFIGS[name])
+        want = kv_bytes_per_token(config, bits, group_size)
+        got = fn(dict(config), bits, group_size)
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise Wrong(f"return a number of bytes, got {got!r}")
+        if got == want:
+            continue
+        hint = _diagnose_bytes(config, bits, group_size, got)
+        where = f"{name}, {bits}-bit" + (f", groups of {group_size}" if group_size else "")
+        raise Wrong(f"{where}: {hint}" if hint else f"{where}: expected {want:,} bytes per token, got {got!r}")

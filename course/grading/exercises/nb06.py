@@ -73,3 +73,49 @@ def _check_softmax(fn) -> None:
         if torch.as_tensor(got).shape[-1] == scores.shape[-1] + 1:
             raise Wrong("return the weights of the real keys only (drop the empty slot's column)")
         raise Wrong("expected exp(s_j) / (exp(b_h) + sum_i exp(s_i)) for every head h")
+
+
+# ----------------------------------------------------------------------------- 4. the training step's clipping
+def clip_gradients(grads: list[Tensor], max_norm: float) -> list[Tensor]:
+    """Global-norm gradient clipping, as the training step does before the optimizer step.
+
+    grads: the gradients of every parameter (any shapes). The norm is taken over all of them
+    together, sqrt(sum_i ||g_i||^2); if it exceeds ``max_norm`` every gradient is scaled by
+    max_norm / (norm + 1e-6), otherwise they are returned unchanged (as torch.nn.utils.clip_grad_norm_).
+    """
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    scale = min(1.0, max_norm / (float(norm) + 1e-6))
+    return [g * scale for g in grads]
+
+
+def _torch_clipped(grads: list[Tensor], max_norm: float) -> list[Tensor]:
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return [p.grad for p in params]
+
+
+@exercise("06.clip_gradients", "Exercise 4 (clip the gradients of a training step)", clip_gradients)
+def _check_clip(fn) -> None:
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(4, 3, generator=g, dtype=torch.float64) * 2, torch.randn(5, generator=g, dtype=torch.float64),
+             torch.randn(2, 2, 2, generator=g, dtype=torch.float64) * 0.1]
+    total = float(torch.sqrt(sum((x ** 2).sum() for x in grads)))
+    for max_norm in (total / 4, total * 3):
+        got = fn([x.clone() for x in grads], max_norm)
+        want = _torch_clipped(grads, max_norm)
+        if isinstance(got, (list, tuple)) and len(got) == len(want) and all(close(a, b, 1e-6) for a, b in zip(got, want)):
+            continue
+        if not isinstance(got, (list, tuple)) or len(got) != len(grads):
+            raise Wrong(f"return a list with one clipped gradient per parameter ({len(grads)} here)")
+        per_tensor = [x * min(1.0, max_norm / (float(x.norm()) + 1e-6)) for x in grads]
+        if all(close(a, b, 1e-6) for a, b in zip(got, per_tensor)):
+            raise Wrong("clip with ONE norm over all the gradients together, sqrt(sum of squared norms), "
+                        "not each gradient by its own norm: clipping must not change the update's direction")
+        if max_norm > total and not all(close(a, b, 1e-6) for a, b in zip(got, grads)):
+            raise Wrong("when the total norm is below max_norm, leave the gradients unchanged (never scale them up)")
+        summed = sum(float(x.norm()) for x in grads)
+        if all(close(a, x * min(1.0, max_norm / (summed + 1e-6)), 1e-6) for a, x in zip(got, grads)):
+            raise Wrong("the global norm is the square root of the sum of the squared norms, not the sum of the norms")
+        raise Wrong(f"max_norm={max_norm:.3f}: the clipped gradients differ from torch.nn.utils.clip_grad_norm_'s")
