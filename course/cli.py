@@ -333,10 +333,13 @@ def _needle(args: argparse.Namespace) -> dict | list:
 # ----------------------------------------------------------------------------- train
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", default="sink-token", choices=["vanilla", "sink-token", "sink-logit", "off-by-one"])
+    p.add_argument("--all-variants", action="store_true", help="train every variant (--variant is then ignored)")
     p.add_argument("--task", default="bigram-backcopy", choices=["bigram-backcopy", "text"])
     p.add_argument("--preset", default="fast", choices=["fast", "full"])
     p.add_argument("--steps", type=positive_int, default=None, help="override the preset's number of steps")
     p.add_argument("--seed", type=seed_int, default=0, help=f"0 .. {SEED_MAX}")
+    p.add_argument("--seeds", type=positive_int, default=None,
+                   help="train N seeds, --seed .. --seed + N - 1 (at least 3: what notebook 06 reports over)")
     p.add_argument("--windows", type=positive_int, nargs="+", default=[2, 8, 16], help="recent windows to evaluate")
     p.add_argument("--device", default="auto", type=device_name)
     p.add_argument("--retrain", action="store_true", help="train even if this run is stored in the cache")
@@ -344,16 +347,31 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> dict:
+    """One run: its numbers. Several (--all-variants, --seeds): {"runs": [the numbers of each]}."""
+    from course.models import resolve_device
+    from course.train import VARIANTS, seed_list
+
+    seeds = [args.seed]
+    if args.seeds is not None:
+        try:
+            seeds = seed_list(args.seed, args.seeds)
+        except ValueError as e:
+            raise ValueError(f"--seeds/--seed: {e}") from None
+    variants = VARIANTS if args.all_variants else (args.variant,)
+    dev = resolve_device(args.device)
+    runs = [_train_one(args, variant, seed, dev) for variant in variants for seed in seeds]
+    return runs[0] if len(runs) == 1 else {"runs": runs}
+
+
+def _train_one(args: argparse.Namespace, variant: str, seed: int, dev) -> dict:
     import torch
 
-    from course.models import resolve_device
     from course.train import make_task, sink_mass_of, train, variant_config, window_losses
 
-    overrides = {"task": args.task, "seed": args.seed}
+    overrides = {"task": args.task, "seed": seed}
     if args.steps is not None:
         overrides["steps"] = args.steps
-    cfg = variant_config(args.variant, args.preset, **overrides)
-    dev = resolve_device(args.device)
+    cfg = variant_config(variant, args.preset, **overrides)
     run = train(cfg, dev, progress=not args.json, retrain=args.retrain)
     held_out = make_task(cfg.task).sample(64, cfg.seq_len, torch.Generator().manual_seed(99_999)).to(dev)
     losses = window_losses(run, held_out, args.windows, [0, 1, 2, 4])
@@ -366,7 +384,7 @@ def _train(args: argparse.Namespace) -> dict:
     }
     if not args.json:
         where = "the sink logit" if cfg.variant in ("sink-logit", "off-by-one") else "position 0"
-        print(f"{cfg.variant} on {cfg.task}: {cfg.steps} steps in {out['seconds']} s"
+        print(f"{cfg.variant} on {cfg.task}, seed {cfg.seed}: {cfg.steps} steps in {out['seconds']} s"
               f"{' (loaded from the cache)' if run.loaded else ''}; final training loss {out['final_loss']:.3f}")
         print(f"attention on {where}: {out['sink_mass']:.3f};  held-out loss, full attention: {losses['full']:.4f}")
         for w, row in losses["windows"].items():

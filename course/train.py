@@ -50,6 +50,7 @@ from course.streaming import exact_stream
 __all__ = [
     "TrainConfig", "TrainRun", "BigramBackcopy", "TextBytes", "PRESETS", "VARIANTS", "train", "sink_mass_of",
     "window_losses", "copy_head_profile", "make_task", "prepend_sink", "lm_loss", "variant_config", "attention_on_sink",
+    "MIN_SEEDS", "seed_list", "train_seeds", "over_seeds",
 ]
 
 Variant = Literal["vanilla", "sink-token", "sink-logit", "off-by-one"]
@@ -108,9 +109,11 @@ class TrainConfig:
 
 
 PRESETS = {
-    "fast": {"steps": 1500},
+    # fast: 2 layers, 32-token samples, 600 steps (about 20 s per model on two CPU cores)
+    "fast": {"steps": 600, "n_layer": 2, "seq_len": 32, "warmup": 50},
     "full": {"steps": 4000},
 }
+MIN_SEEDS = 3  # every training result is reported over at least this many seeds
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -305,7 +308,7 @@ def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool =
     g = torch.Generator().manual_seed(cfg.seed)
     probe = task.sample(32, cfg.seq_len, torch.Generator().manual_seed(10_000 + cfg.seed)).to(device)
     start = time.perf_counter()
-    bar = progress_bar(range(cfg.steps), desc=f"train {cfg.variant}", enabled=progress)
+    bar = progress_bar(range(cfg.steps), desc=f"train {cfg.variant} seed {cfg.seed}", enabled=progress)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, cfg)
@@ -416,3 +419,35 @@ def variant_config(variant: str, preset: str = "fast", **overrides) -> TrainConf
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {preset!r}")
     return replace(TrainConfig(variant=variant), **{**PRESETS[preset], **overrides})
+
+
+# ----------------------------------------------------------------------------- several seeds
+def seed_list(seed: int, n: int = MIN_SEEDS) -> list[int]:
+    """The seeds a training result is reported over: ``[seed, seed + 1, ..., seed + n - 1]``.
+
+    One trained model is an anecdote: ``n`` must be at least ``MIN_SEEDS``."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < MIN_SEEDS:
+        raise ValueError(f"the number of seeds must be an integer >= {MIN_SEEDS} (one trained model is an anecdote), "
+                         f"got {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX - n + 1:
+        raise ValueError(f"seed must be an integer from 0 to {SEED_MAX - n + 1} (so that all {n} seeds are valid), "
+                         f"got {seed!r}")
+    return list(range(seed, seed + n))
+
+
+def train_seeds(variant: str, preset: str, seeds: list[int], device: str | torch.device = "cpu",
+                progress: bool = True, retrain: bool = False, **overrides) -> list[TrainRun]:
+    """``variant`` trained (or loaded from the cache) once per seed, in the order of ``seeds``."""
+    if len(seeds) < MIN_SEEDS or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be at least {MIN_SEEDS} different seeds, got {seeds!r}")
+    return [train(variant_config(variant, preset, seed=s, **overrides), device, progress=progress, retrain=retrain)
+            for s in seeds]
+
+
+def over_seeds(values, fmt: str = ".3f") -> str:
+    """One line about a metric measured once per seed: median, mean and range (at least two finite values)."""
+    from course.passages import spread
+
+    s = spread(values)
+    return (f"median {s.median:{fmt}}, mean {s.mean:{fmt}}, range {s.low:{fmt}} to {s.high:{fmt}} "
+            f"over {len(s.values)} seeds")

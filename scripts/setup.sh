@@ -21,4 +21,6 @@ echo "== installing the course package and its tools"
 python -m pip install -q -e ".[dev]"
 echo "== fetching the offline model and corpus (once)"
 python -m course fetch
+echo "== training notebook 06's tiny models (once: stored in the course cache)"
+python -m course train --all-variants --seeds 3 --preset fast --windows 2
 python -m course info
