@@ -58,7 +58,8 @@ def _kept(cache) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def policy_trace(model: CausalLM, ids: torch.Tensor, policy: Policy, prompt: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
+def policy_trace(model: CausalLM, ids: torch.Tensor, policy: Policy,
+                 prompt: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Run ``policy`` in the real cache: the first ``prompt`` tokens of ``ids`` [1, T] as one prompt,
     compressed (``course.evaluate.compress_prompt``), then one token at a time (the decode loop).
 

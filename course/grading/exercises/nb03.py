@@ -83,7 +83,8 @@ def _check_rerotate(fn) -> None:
             raise Wrong("wrong direction: rotate by new - old, not old - new")
         if close(got, rope(k_old[None], (new - old)[None], 10000.0)[0], 1e-6):
             raise Wrong(f"use the theta you are given ({theta:g}): models differ (SmolLM2 uses 100000)")
-        raise Wrong("RoPE rotations compose: rotating by a then by b is rotating by a + b; use course.models.llama.rope")
+        raise Wrong("RoPE rotations compose: rotating by a then by b is rotating by a + b; "
+                    "use course.models.llama.rope")
 
 
 # ----------------------------------------------------------------------------- 3. the ring buffer
@@ -123,7 +124,7 @@ def streaming_scores(positions: Tensor, seen: int, n_sink: int) -> Tensor:
     so far. The first ``n_sink`` tokens of the stream are never evicted (inf); among the others the
     oldest goes first, so the priority is the position itself. Returns [H_kv, S] float.
     """
-    return torch.where(positions < n_sink, torch.inf, positions.double())
+    return torch.where(positions < n_sink, torch.inf, positions.float())
 
 
 def _sorted_lists(kept: Tensor) -> list[int]:

@@ -143,7 +143,8 @@ def _h2o_runs(accumulate, scores) -> list[tuple[list[Tensor], Tensor, list[Tenso
     for budget, recent in ((10, 4), (8, 2)):
         want = policy_trace(model, ids, make_policy("h2o", budget, recent=recent, model=model), prompt=16)
         try:
-            got = policy_trace(model, ids, h2o_policy(accumulate, scores, budget, recent=recent, model=model), prompt=16)
+            policy = h2o_policy(accumulate, scores, budget, recent=recent, model=model)
+            got = policy_trace(model, ids, policy, prompt=16)
         except ValueError as e:
             raise Wrong(str(e)) from None
         runs.append((*got, *want, f"budget {budget}, recent {recent}"))

@@ -153,8 +153,9 @@ _SCORINGS = [
     (lambda a, k, p, kv: pool_votes(a[:, :, : a.shape[-1] - a.shape[1]].sum(1), k, p).reshape(
         -1, kv, a.shape[-1] - a.shape[1]).mean(0),
      "GQA grouping: query heads h*G .. h*G+G-1 share KV head h; average neighbouring heads, not every kv_heads-th"),
-    (lambda a, k, p, kv: _per_kv(pool_votes(a[:, :, : a.shape[-1] - a.shape[1]].sum(1), k, "avg" if p == "max" else "max"),
-                                 kv), "use the pooling asked for (`pooling` is 'max' or 'avg')"),
+    (lambda a, k, p, kv: _per_kv(pool_votes(a[:, :, : a.shape[-1] - a.shape[1]].sum(1), k,
+                                            "avg" if p == "max" else "max"), kv),
+     "use the pooling asked for (`pooling` is 'max' or 'avg')"),
 ]
 
 
