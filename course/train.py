@@ -18,7 +18,9 @@ a sink. ``task="text"`` trains on Austen (bytes) for the contrast: at CPU scale,
 not make a model grow a sink of its own (with a sink token, though, the model uses it).
 
 Runs are cached under ``<course cache>/runs/<name>-<hash>/`` (weights + JSON log): training again
-with the same configuration loads the stored run unless ``retrain=True``.
+with the same configuration loads the stored run unless ``retrain=True``. One trained model is an
+anecdote: ``train_seeds`` trains a variant once per seed (at least ``MIN_SEEDS``), ``over_seeds`` sums a
+metric up over them.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from course.manifest import sha256_of, write_atomic
 from course.model_names import SEED_MAX
 from course.models import build_model
 from course.models.base import CausalLM, ModelConfig
+from course.passages import spread
 from course.policies import make_policy
 from course.progress import progress_bar
 from course.streaming import exact_stream
@@ -446,8 +449,6 @@ def train_seeds(variant: str, preset: str, seeds: list[int], device: str | torch
 
 def over_seeds(values, fmt: str = ".3f") -> str:
     """One line about a metric measured once per seed: median, mean and range (at least two finite values)."""
-    from course.passages import spread
-
     s = spread(values)
     return (f"median {s.median:{fmt}}, mean {s.mean:{fmt}}, range {s.low:{fmt}} to {s.high:{fmt}} "
             f"over {len(s.values)} seeds")

@@ -67,7 +67,7 @@ def test_variants_train_and_measure(tmp_path, monkeypatch, variant):
     run = train(variant_config(variant, steps=10, log_every=5), progress=False)
     x = BigramBackcopy().sample(4, 64, torch.Generator().manual_seed(1))
     mass = attention_on_sink(run, x)
-    assert mass.shape == (3, 4) and bool(((mass >= 0) & (mass <= 1)).all())
+    assert mass.shape == (run.config.n_layer, run.config.n_head) and bool(((mass >= 0) & (mass <= 1)).all())
     losses = window_losses(run, x, [4], [0, 1])
     assert set(losses["windows"][4]) == {0, 1} and losses["full"] > 0
     if variant == "off-by-one":
