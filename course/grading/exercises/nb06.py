@@ -105,7 +105,8 @@ def _check_clip(fn) -> None:
     for max_norm in (total / 4, total * 3):
         got = fn([x.clone() for x in grads], max_norm)
         want = _torch_clipped(grads, max_norm)
-        if isinstance(got, (list, tuple)) and len(got) == len(want) and all(close(a, b, 1e-6) for a, b in zip(got, want)):
+        matches = isinstance(got, (list, tuple)) and len(got) == len(want)
+        if matches and all(close(a, b, 1e-6) for a, b in zip(got, want)):
             continue
         if not isinstance(got, (list, tuple)) or len(got) != len(grads):
             raise Wrong(f"return a list with one clipped gradient per parameter ({len(grads)} here)")
