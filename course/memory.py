@@ -85,7 +85,8 @@ def kv_bytes_per_token(config: dict, bits: int = 16, group_size: int | None = No
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer for a {bits}-bit cache, got {group_size!r}")
     if vector_length(config) % group_size:
-        raise ValueError(f"group_size must divide the cached vector's length ({vector_length(config)}), got {group_size}")
+        raise ValueError(f"group_size must divide the cached vector's length ({vector_length(config)}), "
+                         f"got {group_size}")
     if isinstance(scale_bytes, bool) or not isinstance(scale_bytes, int) or scale_bytes < 1:
         raise ValueError(f"scale_bytes must be a positive integer, got {scale_bytes!r}")
     return numbers * bits // 8 + numbers // group_size * 2 * scale_bytes

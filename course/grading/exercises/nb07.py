@@ -142,7 +142,8 @@ def my_scores(positions: Tensor, attention: Tensor, seen: int, budget: int) -> T
 def _slots(h: int, s: int, seen: int, seed: int) -> tuple[Tensor, Tensor]:
     """A cache after evictions: [h, s] distinct positions below ``seen`` in scrambled slot order, and attention."""
     g = torch.Generator().manual_seed(seed)
-    kept = torch.stack([torch.cat([torch.arange(4), 4 + torch.randperm(seen - 4, generator=g)[: s - 4]]) for _ in range(h)])
+    kept = torch.stack([torch.cat([torch.arange(4), 4 + torch.randperm(seen - 4, generator=g)[: s - 4]])
+                        for _ in range(h)])
     order = torch.stack([torch.randperm(s, generator=g) for _ in range(h)])
     return kept.gather(1, order), torch.rand(h, s, generator=g) * 3
 

@@ -126,7 +126,8 @@ QUESTIONS: list[Question] = [
               "d": "the new token's query is compared with every cached key"}),
     Question("01.q_exact", "Question 4 (what the cache changes)", "a",
              "the cache stores the keys and values a full pass would compute anyway",
-             {"b": "nothing is dropped or compressed: the cache stores exactly the keys and values a full pass computes",
+             {"b": "nothing is dropped or compressed: the cache stores exactly the keys and values a full pass "
+                   "computes",
               "c": "the cache changes how the logits are computed, not how a token is picked from them"},
              options="abc"),
     # ------------------------------------------------------------------ 02 · attention sinks
