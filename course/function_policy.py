@@ -29,9 +29,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from course.policies import Policy, PositionRule, make_policy
+from course.policies import Policy, PositionRule, group_mean, make_policy
 
-__all__ = ["FunctionPolicy", "streaming_policy", "h2o_policy", "snapkv_policy"]
+__all__ = ["FunctionPolicy", "streaming_policy", "h2o_policy", "snapkv_policy", "score_policy"]
 
 ScoresFn = Callable[[Tensor, Tensor, int], Any]
 ObserveFn = Callable[[Tensor, Tensor, Tensor, int], Any]
@@ -170,3 +170,25 @@ def snapkv_policy(select: Callable[[Tensor, int, int, str, int], Any], budget: i
 
     return FunctionPolicy(lambda pos, stat, seen: stat, None, observe=observe, rows=rows, compress_to=capacity,
                           positions=ref.position_rule, name="snapkv", label=f"{ref.label}, functions")
+
+
+def score_policy(score_fn: Callable[[Tensor, Tensor, int, int], Any], budget: int, *, name: str = "custom"
+                 ) -> FunctionPolicy:
+    """A policy of your own: keep-scores from ``score_fn(positions, attention, seen, budget)``.
+
+    For every batch row, positions [H_kv, S] are the original stream positions of the cached slots (in slot
+    order), attention [H_kv, S] the attention each slot has received so far (summed over the queries and
+    averaged within each GQA group, as H2O accumulates it), ``seen`` the tokens seen so far; it returns
+    [H_kv, S] keep-scores (higher = keep, inf = never evict). The cache evicts the lowest-scored slot; the
+    function sees nothing else (no model, no text, no future). Original positions.
+    """
+    if not callable(score_fn):
+        raise TypeError(f"score_fn must be a function, got {type(score_fn).__name__}")
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
+        raise ValueError(f"budget must be an integer >= 2, got {budget!r}")
+
+    def accumulate(acc: Tensor, weights: Tensor, pos: Tensor, seen: int) -> Tensor:
+        return acc + group_mean(weights[None], acc.shape[0])[0].sum(dim=1)
+
+    return FunctionPolicy(lambda pos, acc, seen: score_fn(pos, acc, seen, budget), budget, observe=accumulate,
+                          rows=lambda n: n, name=name, label=f"{name}({budget})")

@@ -46,7 +46,6 @@ __all__ = [
     "H2O",
     "SnapKV",
     "RandomEviction",
-    "ScoreFunction",
     "accumulate_attention",
     "make_policy",
     "POLICY_NAMES",
@@ -366,50 +365,6 @@ class RandomEviction(Policy):
     @property
     def label(self) -> str:
         return f"random({self.budget})"
-
-
-class ScoreFunction(Policy):
-    """A policy of your own: its keep-scores come from a function of what the cache knows.
-
-    ``score_fn(positions, attention, seen, budget)`` is called for every batch row with
-    positions [H_kv, S] (the original stream position of every cached slot, in slot order),
-    attention [H_kv, S] (the attention each slot has received so far, summed over the queries and
-    averaged within each GQA group, as H2O accumulates it), ``seen`` (tokens seen so far) and the
-    budget; it returns [H_kv, S] keep-scores (higher = keep, inf = never evict). The cache evicts
-    the lowest-scored slot; the function sees nothing else (no model, no text, no future).
-    """
-
-    name = "custom"
-
-    def __init__(self, score_fn, budget: int, positions: PositionRule = "original", name: str = "custom") -> None:
-        if not callable(score_fn):
-            raise TypeError(f"score_fn must be a function, got {type(score_fn).__name__}")
-        self.score_fn = score_fn
-        self.budget = _check_int("budget", budget, 2)
-        self.position_rule = _check_rule(positions)
-        self.name = str(name)
-
-    def attention_rows(self, n_queries: int) -> int:
-        return n_queries
-
-    def observe(self, layer: LayerCache, weights: Tensor, seen: int) -> None:
-        accumulate_attention(layer, weights)
-
-    def scores(self, layer: LayerCache, seen: int) -> Tensor:
-        pos = layer.positions[:, :, : layer.length]
-        acc = layer.stat("attention")
-        rows = []
-        for b in range(pos.shape[0]):
-            s = torch.as_tensor(self.score_fn(pos[b].cpu().clone(), acc[b].cpu().clone(), seen, self.budget))
-            if tuple(s.shape) != tuple(pos[b].shape):
-                raise ValueError(f"{self.name}: the score function must return one score per slot, shape "
-                                 f"{tuple(pos[b].shape)} [kv_heads, slots]; got {tuple(s.shape)}")
-            rows.append(s.float())
-        return torch.stack(rows).to(pos.device)
-
-    @property
-    def label(self) -> str:
-        return f"{self.name}({self.budget})"
 
 
 POLICY_NAMES = ("full", "window", "streaming", "h2o", "snapkv", "random")

@@ -1,6 +1,6 @@
 """The exercises of the ramp (bytes beyond GQA, gradient clipping, a policy of one's own, a written conclusion)
 and the checked questions: every checker accepts its reference and rejects realistic wrong versions with the
-right hint; the pieces of the course they rest on (``course.memory``, ``ScoreFunction``) are exact."""
+right hint; the pieces of the course they rest on (``course.memory``, ``score_policy``) are exact."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from course.grading.core import result_of
 from course.grading.exercises.fixtures import tiny_model
 from course.grading.exercises.questions import QUESTIONS, normalise_choice
 from course.memory import CONFIGS, cache_numbers_per_token, kv_bytes_per_token
-from course.policies import H2O, PROTECTED, ScoreFunction, SlidingWindow
+from course.function_policy import score_policy
+from course.policies import H2O, PROTECTED, SlidingWindow
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -240,7 +241,7 @@ def test_bytes_per_token_refuses_bad_input(config, bits, group_size, message):
         kv_bytes_per_token(config, bits, group_size)
 
 
-# ----------------------------------------------------------------------------- ScoreFunction
+# ----------------------------------------------------------------------------- score_policy
 def test_a_score_function_runs_exactly_like_the_policy_it_imitates():
     model = tiny_model("llama", seed=4)
     ids = torch.randint(0, 53, (2, 40), generator=torch.Generator().manual_seed(0))
@@ -252,7 +253,7 @@ def test_a_score_function_runs_exactly_like_the_policy_it_imitates():
         return torch.where(positions >= seen - recent, PROTECTED + positions,
                            attention / (seen - positions).clamp(min=1).float())
 
-    pairs = [(ScoreFunction(window, 8), SlidingWindow(8)), (ScoreFunction(h2o, 8), H2O(4, 4))]
+    pairs = [(score_policy(window, 8), SlidingWindow(8)), (score_policy(h2o, 8), H2O(4, 4))]
     for mine, theirs in pairs:
         assert torch.allclose(continuation_nll(model, ids, 24, mine), continuation_nll(model, ids, 24, theirs),
                               atol=1e-9)
@@ -261,9 +262,9 @@ def test_a_score_function_runs_exactly_like_the_policy_it_imitates():
 def test_a_score_function_must_return_one_score_per_slot():
     model = tiny_model("llama", seed=4)
     ids = torch.randint(0, 53, (1, 20), generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match="one score per slot"):
-        continuation_nll(model, ids, 12, ScoreFunction(lambda p, a, s, b: a.sum(0), 6))
+    with pytest.raises(ValueError, match="the scores function must return a tensor of shape"):
+        continuation_nll(model, ids, 12, score_policy(lambda p, a, s, b: a.sum(0), 6))
     with pytest.raises(TypeError, match="score_fn must be a function"):
-        ScoreFunction("h2o", 6)
+        score_policy("h2o", 6)
     with pytest.raises(ValueError, match="budget must be an integer >= 2"):
-        ScoreFunction(lambda p, a, s, b: p.float(), 1)
+        score_policy(lambda p, a, s, b: p.float(), 1)

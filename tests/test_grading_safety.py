@@ -202,6 +202,10 @@ def test_only_plain_data_crosses_the_wire():
     plain = wire.to_plain(value, lambda obj: wire.Opaque(type(obj).__name__, ""))
     assert plain["t"].untyped_storage().nbytes() == 2 * 8 and plain["r"] == [0, 1] and plain["s"] == {1, 3}
     assert isinstance(plain["g"], wire.Opaque)
+    a, b = socket.socketpair()
+    with a, b:  # a model's device travels as a value (student code calls prompt.to(model.device))
+        wire.send(a, wire.to_plain({"device": torch.device("cpu"), "dtype": torch.float32}, None))
+        assert wire.recv(b) == {"device": torch.device("cpu"), "dtype": torch.float32}
 
 
 def test_kept_objects_expose_calls_and_public_attributes_only():

@@ -1,7 +1,7 @@
 """What travels between the grader and a submission's kernel: plain data only, in size-limited frames.
 
 A frame is an 8-byte length followed by ``torch.save`` bytes, read back with
-``torch.load(weights_only=True)``: tensors, numbers, strings, bytes, lists, tuples, dicts, sets, dtypes
+``torch.load(weights_only=True)``: tensors, numbers, strings, bytes, lists, tuples, dicts, sets, dtypes, devices
 and two marker classes of this module. Nothing the kernel sends can run code in the grader.
 
 * ``Ref(n)``: an object that stays on the side that owns it (the checker's model, a cache, a
@@ -66,7 +66,7 @@ def to_plain(value: Any, export: Callable[[Any], Any], depth: int = 0) -> Any:
     """``value`` as plain data; every other object becomes ``export(obj)`` (a ``Ref`` or an ``Opaque``)."""
     if depth > MAX_DEPTH:
         return Opaque(type(value).__name__, "nested too deeply")
-    if value is None or isinstance(value, (bool, str, bytes, torch.dtype, Ref, Opaque)):
+    if value is None or isinstance(value, (bool, str, bytes, torch.dtype, torch.device, Ref, Opaque)):
         return value
     if isinstance(value, torch.Tensor):
         if value.layout != torch.strided or value.is_quantized or value.device.type == "meta":

@@ -181,12 +181,12 @@ def _check_my_policy(fn) -> None:
 
 def _check_policy_in_protocol(fn) -> None:
     """The student's scores as a policy in the real cache: the budget holds at every step, the run is finite."""
-    from course.policies import ScoreFunction
+    from course.function_policy import score_policy
 
     model = tiny_model("llama", seed=4)
     ids = torch.randint(0, 53, (2, 36), generator=torch.Generator().manual_seed(1))
     budget = 10
-    cache, _ = compress_prompt(model, ids[:, :23], ScoreFunction(fn, budget))
+    cache, _ = compress_prompt(model, ids[:, :23], score_policy(fn, budget))
     sizes = [cache.layers[0].length]
     with torch.inference_mode():
         nll = []
