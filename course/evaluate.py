@@ -163,7 +163,7 @@ def decode_after_compression(model: CausalLM, prompt: Tensor, continuation: Tens
     return compare_after_compression(model, prompt, continuation, {0: policy}, inspect)[0]
 
 
-def _needle_scores(trial: NeedleTrial, result: tuple) -> dict:
+def _needle_scores(result: tuple) -> dict:
     logps, top, info = result
     return {"exact": bool(top.all()), "logprob": float(logps.sum()), **info}
 
@@ -184,7 +184,7 @@ def score_needle(model: CausalLM, trial: NeedleTrial, policy: Policy | None = No
     logprob (sum over answer tokens), needle_kept (share of the needle's tokens still cached, mean
     over layers and KV heads, right after compression) and cache_slots."""
     result = decode_after_compression(model, trial.prompt, trial.answer[None], policy, _needle_kept(trial))
-    return _needle_scores(trial, result)
+    return _needle_scores(result)
 
 
 def continuation_nll(model: CausalLM, ids: Tensor, context: int, policy: Policy | None = None) -> Tensor:
@@ -235,7 +235,7 @@ def compare_needles(model: CausalLM, trials: list[NeedleTrial], contenders: Mapp
         results = compare_after_compression(model, t.prompt, t.answer[None],
                                             {name: make(t) for name, make in contenders.items()}, _needle_kept(t))
         for name, result in results.items():
-            rows[name].append(_needle_scores(t, result))
+            rows[name].append(_needle_scores(result))
     return {name: _needle_summary(r) for name, r in rows.items()}
 
 

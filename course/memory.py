@@ -37,11 +37,14 @@ _HEADS = ("n_layers", "kv_heads", "head_dim")
 _LATENT = ("n_layers", "kv_lora_rank", "rope_dim")
 
 
-def _positive(config: dict, key: str) -> int:
-    value = config[key]
+def _positive(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"config[{key!r}] must be a positive integer, got {value!r}")
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def _field(config: dict, key: str) -> int:
+    return _positive(f"config[{key!r}]", config[key])
 
 
 def _layout(config: dict) -> tuple[str, ...]:
@@ -58,17 +61,17 @@ def vector_length(config: dict) -> int:
     """Numbers of one cached vector: head_dim (a key or a value) or kv_lora_rank + rope_dim (an MLA entry)."""
     layout = _layout(config)
     if layout == _LATENT:
-        return _positive(config, "kv_lora_rank") + _positive(config, "rope_dim")
-    return _positive(config, "head_dim")
+        return _field(config, "kv_lora_rank") + _field(config, "rope_dim")
+    return _field(config, "head_dim")
 
 
 def cache_numbers_per_token(config: dict) -> int:
     """Numbers one token occupies in the cache, all layers together."""
     layout = _layout(config)
-    layers = _positive(config, "n_layers")
+    layers = _field(config, "n_layers")
     if layout == _LATENT:
         return layers * vector_length(config)  # one latent + one RoPE key per layer, no separate K and V
-    return cache_bytes_per_token(layers, _positive(config, "kv_heads"), vector_length(config), 1)
+    return cache_bytes_per_token(layers, _field(config, "kv_heads"), vector_length(config), 1)
 
 
 def kv_bytes_per_token(config: dict, bits: int = 16, group_size: int | None = None, scale_bytes: int = 2) -> int:
@@ -87,6 +90,5 @@ def kv_bytes_per_token(config: dict, bits: int = 16, group_size: int | None = No
     if vector_length(config) % group_size:
         raise ValueError(f"group_size must divide the cached vector's length ({vector_length(config)}), "
                          f"got {group_size}")
-    if isinstance(scale_bytes, bool) or not isinstance(scale_bytes, int) or scale_bytes < 1:
-        raise ValueError(f"scale_bytes must be a positive integer, got {scale_bytes!r}")
+    _positive("scale_bytes", scale_bytes)
     return numbers * bits // 8 + numbers // group_size * 2 * scale_bytes

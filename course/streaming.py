@@ -54,19 +54,20 @@ class StreamResult:
     def tokens(self) -> int:
         return self.nll.shape[1] + 1
 
-    def ppl(self, start: int = 0, end: int | None = None) -> float:
-        """Perplexity exp(mean NLL) over predictions made at positions start..end-1 (all rows)."""
+    def _span(self, start: int, end: int | None) -> Tensor:
+        """NLL of the predictions made at positions start..end-1: [B, n], n >= 1."""
         span = self.nll[:, start:end]
         if span.numel() == 0:
             raise ValueError(f"no scored tokens between {start} and {end} (stream of {self.tokens} tokens)")
-        return math.exp(span.double().mean().item())
+        return span.double()
+
+    def ppl(self, start: int = 0, end: int | None = None) -> float:
+        """Perplexity exp(mean NLL) over predictions made at positions start..end-1 (all rows)."""
+        return math.exp(self._span(start, end).mean().item())
 
     def ppl_per_stream(self, start: int = 0, end: int | None = None) -> list[float]:
         """Perplexity of each row (stream) separately over predictions start..end-1: [B] floats."""
-        span = self.nll[:, start:end]
-        if span.numel() == 0:
-            raise ValueError(f"no scored tokens between {start} and {end} (stream of {self.tokens} tokens)")
-        return [math.exp(row.double().mean().item()) for row in span]
+        return self._span(start, end).mean(dim=1).exp().tolist()
 
     @property
     def ppl_after_fill(self) -> float | None:
@@ -210,9 +211,8 @@ def recompute_nll(model: CausalLM, ids: Tensor, window: int, targets: Sequence[i
             part = jobs[j0 : j0 + batch]
             windows = torch.stack([ids[b, t - window + 1 : t + 1] for b, _, t in part])  # [k, window]
             nexts = torch.stack([ids[b, t + 1 : t + 2] for b, _, t in part])  # [k, 1]
-            got = next_token_nll(model(windows).logits[:, -1:], nexts)[:, 0]  # the last position predicts t+1
-            for (b, i, _), v in zip(part, got):
-                nll[b, i] = v
+            rows, cols, _ = zip(*part)
+            nll[list(rows), list(cols)] = next_token_nll(model(windows).logits[:, -1:], nexts)[:, 0]  # last predicts t+1
             bar.update(len(part))
     return nll.cpu()
 
