@@ -27,6 +27,36 @@ def tiny_model(family: str, seed: int = 0, dtype=torch.float64, **kw):
     return model
 
 
+def float64_reference(hf):
+    """Make a float64 transformers Llama-family model compute in float64 throughout.
+
+    transformers keeps two steps in float32 whatever the model's dtype: RoPE's angles (``inv_freq`` is built in
+    float32 and ``LlamaRotaryEmbedding.forward`` casts positions with ``.float()``) and RMSNorm (``.to(float32)``).
+    A model cast to float64 then rounds to float32 there, and its logits differ from exact ones by ~1e-7 (small
+    random models) to ~3e-5 (SmolLM2 at 256 positions): float32 round-off that no float64 comparison should
+    have to allow. The course's ``rope`` and ``RMSNorm`` compute at (at least) the input's dtype. Returns ``hf``."""
+    import types
+
+    def rope_forward(self, x, position_ids):
+        freqs = position_ids[..., None].double() * self.inv_freq64.to(x.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+    def norm_forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    for module in hf.modules():
+        name = type(module).__name__
+        if name.endswith("RotaryEmbedding"):
+            theta = module.config.rope_parameters["rope_theta"]
+            d = getattr(module.config, "head_dim", None) or module.config.hidden_size // module.config.num_attention_heads
+            module.inv_freq64 = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+            module.forward = types.MethodType(rope_forward, module)
+        elif name.endswith("RMSNorm"):
+            module.forward = types.MethodType(norm_forward, module)
+    return hf
+
+
 @pytest.fixture(params=["gpt2", "llama"])
 def family(request) -> str:
     return request.param
@@ -41,6 +71,17 @@ def smollm2():
 
     hf, tok = load_hf_model("smollm2-135m")
     return from_transformers(hf, "smollm2-135m"), tok, hf
+
+
+@pytest.fixture(scope="session")
+def smollm2_f64(smollm2):
+    """(course model, transformers model) for SmolLM2-135M in float64: sameness tests compare in float64, where
+    round-off (~1e-12) cannot decide them as it can in float32 (see tests/test_models.py)."""
+    import copy
+
+    hf64 = float64_reference(copy.deepcopy(smollm2[2]).double())
+    hf64.config._attn_implementation = "sdpa"  # eager attention takes its softmax in float32 whatever the dtype
+    return from_transformers(hf64, "smollm2-135m"), hf64
 
 
 @pytest.fixture(scope="session")
