@@ -160,18 +160,14 @@ class _HideFirstKey(Policy):
 @contextmanager
 def _first_value_zeroed(model: CausalLM):
     """Inside: every layer's value vector of position 0 is zero (for plain forwards over a whole text)."""
-    def zero(start: int, stop: int | None):
+    def zero(where: slice):
         def hook(module, inputs, out):
             out = out.clone()
-            out[:, 0, start:stop] = 0.0
+            out[:, 0, where] = 0.0
             return out
         return hook
 
-    d = model.config.d_model
-    if model.config.family == "gpt2":  # one projection for Q, K, V: the value is the last third
-        hooks = [b.attn.qkv.register_forward_hook(zero(2 * d, None)) for b in model.blocks]
-    else:
-        hooks = [b.attn.v.register_forward_hook(zero(0, None)) for b in model.blocks]
+    hooks = [module.register_forward_hook(zero(where)) for module, where in model.value_outputs()]
     try:
         yield
     finally:

@@ -426,7 +426,7 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
 def _bench_notebooks(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
-    from course.notebook_times import budget_verdict, time_notebooks, times_table, write_times
+    from course.instructor.notebook_times import budget_verdict, time_notebooks, times_table, write_times
 
     paths = sorted(Path(args.notebook_dir).glob("[0-9]*.ipynb"))
     if not paths:
@@ -459,7 +459,7 @@ def _bench_threads(args: argparse.Namespace) -> dict:
 def _bench(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
-    from course.bench import markdown_tables, run_bench, save_report
+    from course.instructor.bench import markdown_tables, run_bench, save_report
 
     _check_bench_flags(args)
     if args.notebooks:
@@ -602,7 +602,7 @@ def _host_args(p: argparse.ArgumentParser) -> None:
 def _host(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
-    from course import host
+    from course.instructor import host
 
     root = Path(args.root)
     if not (root / "pyproject.toml").is_file():
@@ -640,7 +640,7 @@ def _release_args(p: argparse.ArgumentParser) -> None:
 def _release(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
-    from course.grading.release import check_release, release
+    from course.instructor.release import check_release, release
 
     solutions = Path(args.notebooks)
     students = Path(args.out) if args.out else solutions / "student"
@@ -686,10 +686,10 @@ def _grade(args: argparse.Namespace) -> dict:
     import threading
     from pathlib import Path
 
-    from course.grading.gradebook import Gradebook, format_gradebook, totals
-    from course.grading.grade import grade
-    from course.grading.sandbox import Limits
-    from course.grading.submissions import find_submissions
+    from course.instructor.grading.gradebook import Gradebook, format_gradebook, totals
+    from course.instructor.grading.grade import grade
+    from course.instructor.grading.sandbox import Limits
+    from course.instructor.grading.submissions import find_submissions
 
     find_submissions(args.paths, args.layout)  # a missing PATH is reported before --out is created
     book = Gradebook(Path(args.out), regrade=args.regrade)  # checked before anything is graded
@@ -728,7 +728,7 @@ def _check_outputs_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check_outputs(args: argparse.Namespace) -> dict:
-    from course.output_check import check_paths
+    from course.instructor.output_check import check_paths
 
     notebooks, problems = check_paths(args.paths)
     if problems:
@@ -752,7 +752,7 @@ def _site_args(p: argparse.ArgumentParser) -> None:
 def _site(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
-    from course.site import build_site
+    from course.instructor.site import build_site
 
     if not (Path(args.root) / "README.md").is_file():
         raise ValueError(f"--root {args.root!r} is not the course's repository (no README.md)")

@@ -18,12 +18,12 @@ POINTS = 8  # notebook 01 in all: 4 exercises and 4 questions, a point each
 
 # Replaces the grading functions in the kernel before any check runs (the exercises are not done).
 PATCH_THE_CHECKER = """
-import course.grading, course.grading.core as _core
+import course.exercises, course.exercises.core as _core
 _core.result_of = lambda ex, fn: ("pass", "correct")
 _original_check = _core.check
 def _lenient_check(id, fn, autofill=False):
     return _original_check(id, fn, autofill=True)
-_core.check = course.grading.check = check = _lenient_check
+_core.check = course.exercises.check = check = _lenient_check
 """
 
 # Writes pass records wherever a grader might read them, and talks to the grader's socket directly.
@@ -36,7 +36,7 @@ for _path in [os.environ.get("COURSE_GRADE_OUT")] + glob.glob("/tmp/course-grade
         with open(_path, "a") as _f:
             _f.write(_records)
 if os.environ.get("COURSE_GRADER_SOCKET"):
-    from course.grading import wire
+    from course.instructor.grading import wire
     for _e in %r:
         _s = socket.socket(socket.AF_UNIX)
         _s.connect(os.environ["COURSE_GRADER_SOCKET"])
@@ -46,10 +46,10 @@ if os.environ.get("COURSE_GRADER_SOCKET"):
 """ % (EXERCISES, EXERCISES)
 
 FORWARD = {
-    "attention_step": "from course.grading.exercises import nb01 as _ref\n"
+    "attention_step": "from course.exercises import nb01 as _ref\n"
                       "def attention_step(q, k_new, v_new, K, V):\n    return _ref.attention_step(q, k_new, v_new, K, V)\n",
-    "kv_cache_bytes": "from course.grading.exercises.nb01 import kv_cache_bytes\n",
-    "generate_greedy": "from course.grading.exercises import nb01 as _ref\n"
+    "kv_cache_bytes": "from course.exercises.nb01 import kv_cache_bytes\n",
+    "generate_greedy": "from course.exercises import nb01 as _ref\n"
                        "def generate_greedy(model, prompt, n_new):\n    return _ref.generate_greedy(model, prompt, n_new)\n",
 }
 
@@ -57,7 +57,7 @@ FORWARD = {
 FORWARD_QUIETLY = {
     name: "import sys\n"
           f"def {name}(*args, **kwargs):\n"
-          f"    return getattr(sys.modules['course.grading.' + 'exercises.nb01'], {name!r})(*args, **kwargs)\n"
+          f"    return getattr(sys.modules['course.' + 'exercises.nb01'], {name!r})(*args, **kwargs)\n"
     for name in ("attention_step", "kv_cache_bytes", "generate_greedy")
 }
 
@@ -95,7 +95,7 @@ _daemon = textwrap.dedent(r"""
                 continue
             seen.add(sock_path)
             try:
-                from course.grading import wire
+                from course.instructor.grading import wire
                 for e in %r:
                     s = socket.socket(socket.AF_UNIX)
                     s.connect(sock_path)

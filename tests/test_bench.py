@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course.bench import bench_evaluator, bench_policies, bench_vs_transformers, markdown_tables, peak_memory
+from course.instructor.bench import bench_evaluator, bench_vs_transformers, markdown_tables, peak_memory
+from course.timing import bench_policies
 from course.models import from_transformers
 from course.policies import StreamingLLM
 

@@ -1,6 +1,6 @@
 """A small notebook (progress bars, a model loaded by transformers, both explorers on a tiny model)
 executed without a front end, the way the scripts and test runners do, reads cleanly: no frozen
-progress bar, no widget text, no "Loading weights" (course.output_check). The same notebook run with
+progress bar, no widget text, no "Loading weights" (course.instructor.output_check). The same notebook run with
 live bars shows what the checker is there to catch."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from course.notebook_times import execute_notebook
-from course.output_check import check_notebook, output_texts
+from course.instructor.notebook_times import execute_notebook
+from course.instructor.output_check import check_notebook, output_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}

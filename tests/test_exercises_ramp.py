@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import course.grading.exercises  # noqa: F401  (registers every exercise)
+import course.exercises  # noqa: F401  (registers every exercise)
 from course.evaluate import continuation_nll
-from course.grading import REGISTRY
-from course.grading.core import result_of
-from course.grading.exercises.fixtures import tiny_model
-from course.grading.exercises.questions import QUESTIONS, normalise_choice
+from course.exercises import REGISTRY
+from course.exercises.core import result_of
+from course.exercises.fixtures import tiny_model
+from course.exercises.questions import QUESTIONS, normalise_choice
 from course.memory import CONFIGS, cache_numbers_per_token, kv_bytes_per_token
 from course.function_policy import score_policy
 from course.policies import H2O, PROTECTED, SlidingWindow

@@ -283,8 +283,8 @@ def test_fetch_on_a_read_only_cache(capsys, cache_copy, read_only):
 
 @pytest.mark.parametrize("command", [["bench", "--quick"], ["grade", "x.ipynb"]])
 def test_output_folder_is_checked_before_the_work(capsys, tmp_path, monkeypatch, command):
-    import course.bench as bench_module
-    from course.grading import grade as grade_module
+    import course.instructor.bench as bench_module
+    from course.instructor.grading import grade as grade_module
 
     monkeypatch.setattr(bench_module, "run_bench", lambda *a, **k: pytest.fail("the benchmark started"))
     monkeypatch.setattr(grade_module, "grade", lambda *a, **k: pytest.fail("grading started"))
@@ -507,8 +507,8 @@ def test_notebook_parameters_are_typed(monkeypatch, capsys):
 
 @pytest.mark.parametrize("autofill", ["False", "True", 0, 1, None])
 def test_check_autofill_takes_only_booleans(autofill, monkeypatch):
-    from course.grading import check
-    from course.grading.core import REGISTRY, get
+    from course.exercises import check
+    from course.exercises.core import REGISTRY, get
 
     get("01.kv_cache_bytes")
     monkeypatch.delenv("COURSE_GRADE_OUT", raising=False)

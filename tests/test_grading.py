@@ -14,14 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import course.grading.exercises  # noqa: F401  (registers every exercise)
+import course.exercises  # noqa: F401  (registers every exercise)
 from course.__main__ import main
-from course.grading import REGISTRY, ExerciseFailed, NotDoneYet, check
-from course.grading.core import AUTOFILL_ENV, result_of
-from course.grading.grade import grade
-from course.grading.release import BANNER_ID, ReleaseError, check_release, release
-from course.grading.submissions import find_submissions
-from course.grading.worker import SOCKET_ENV
+from course.exercises import REGISTRY, ExerciseFailed, NotDoneYet, check
+from course.exercises.core import AUTOFILL_ENV, result_of
+from course.instructor.grading.grade import grade
+from course.instructor.release import BANNER_ID, ReleaseError, check_release, release
+from course.instructor.grading.submissions import find_submissions
+from course.instructor.grading.worker import SOCKET_ENV
 from course.models.llama import rope
 from tests.grading_helpers import submission as _submission
 from tests.test_policy_exercises import WRONG_POLICIES  # the policy exercises' wrong versions, tested there

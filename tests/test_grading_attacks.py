@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from course.grading.grade import Limits, grade
-from course.grading.sandbox import descendants
+from course.instructor.grading.grade import Limits, grade
+from course.instructor.grading.sandbox import descendants
 from tests.grading_attacks import EXERCISES, build_class
 
 
@@ -55,7 +55,7 @@ def test_forged_records_are_not_read(attacked):
 @pytest.mark.parametrize("student", ["d_forwarder", "e_quiet_forwarder"])
 def test_forwarding_to_the_reference_is_reported(attacked, student):
     rows = attacked["rows"][student]
-    assert all(rows[e]["status"] == "forwarded" and "course.grading.exercises.nb01" in rows[e]["feedback"]
+    assert all(rows[e]["status"] == "forwarded" and "course.exercises.nb01" in rows[e]["feedback"]
                for e in EXERCISES), rows
 
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from course.__main__ import main
-from course.grading import wire
-from course.grading.grade import Limits, grade
-from course.grading.gradebook import Gradebook, csv_cell
-from course.grading.release import BANNER_ID, ReleaseError, release
-from course.grading.remote import _Handles
-from course.grading.submissions import UNKNOWN_STUDENT, find_submissions
+from course.instructor.grading import wire
+from course.instructor.grading.grade import Limits, grade
+from course.instructor.grading.gradebook import Gradebook, csv_cell
+from course.instructor.release import BANNER_ID, ReleaseError, release
+from course.instructor.grading.remote import _Handles
+from course.instructor.grading.submissions import UNKNOWN_STUDENT, find_submissions
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = ("def kv_cache_bytes(n_layers, kv_heads, head_dim, tokens, batch=1, dtype_bytes=2):\n"
@@ -35,7 +35,7 @@ def _tiny(path: Path, *cells: str) -> Path:
     """A small notebook 01: imports ``check``, then ``cells``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c)
-                                         for c in ("from course.grading import check", *cells)])
+                                         for c in ("from course.exercises import check", *cells)])
     nbformat.write(nb, path)
     return path
 
@@ -81,7 +81,7 @@ def test_duplicates_are_reported_not_summed(tmp_path):
     for name in ("alice/01_kv.ipynb", "alice/again/01_kv_cache.ipynb"):
         assert subs[name].problem.startswith("duplicate: alice has 2 submissions of notebook 01")
     rows = [r for r in grade([tmp_path], timeout=30) if r["notebook"] == "01"]
-    from course.grading import REGISTRY
+    from course.exercises import REGISTRY
 
     per_copy = sum(1 for name in REGISTRY if name.startswith("01."))  # one row per exercise and question
     assert len(rows) == 2 * per_copy and all(r["status"] == "duplicate" and r["points"] == 0 for r in rows)
@@ -212,7 +212,7 @@ def test_only_plain_data_crosses_the_wire():
 
 
 def test_kept_objects_expose_calls_and_public_attributes_only():
-    from course.grading.exercises.fixtures import CallCounter, tiny_model
+    from course.exercises.fixtures import CallCounter, tiny_model
 
     handles = _Handles()
     counter = CallCounter(tiny_model())
@@ -299,7 +299,7 @@ def test_the_supervisor_kills_what_detached_itself(tmp_path):
     (without the supervisor's kill it is re-parented to init and lives on)."""
     pid_file, child = tmp_path / "daemon.pid", tmp_path / "child.py"
     child.write_text(DETACH)
-    done = subprocess.run([sys.executable, "-m", "course.grading.sandbox", "--cpu", "60", "--memory", "4096",
+    done = subprocess.run([sys.executable, "-m", "course.instructor.grading.sandbox", "--cpu", "60", "--memory", "4096",
                            "--files", "16", "--", sys.executable, str(child), str(pid_file)],
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert done.returncode == 0 and pid_file.exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from course import host
+from course.instructor import host
 from course.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]

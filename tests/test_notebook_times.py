@@ -10,7 +10,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from course.__main__ import main
-from course.notebook_times import times_table
+from course.instructor.notebook_times import times_table
 
 PARAMETERS = 'FAST = False  # small sizes\nSEED = 0'
 REPORT_CELL = 'import os\nprint("FAST", FAST, os.environ.get("COURSE_FAST"), os.environ.get("COURSE_PROGRESS"))'
@@ -53,7 +53,7 @@ def test_times_table_totals_the_rows():
 
 
 def test_the_fast_budget_verdict_names_what_is_over():
-    from course.notebook_times import budget_verdict
+    from course.instructor.notebook_times import budget_verdict
 
     ok = [{"notebook": f"0{i}_x", "quiet_s": 100.0, "competing_s": 170.0} for i in range(1, 6)]
     assert budget_verdict(ok).endswith("met in every column.")

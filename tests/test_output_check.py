@@ -1,4 +1,4 @@
-"""The checker for executed notebooks (course.output_check) and its command, on notebooks built here."""
+"""The checker for executed notebooks (course.instructor.output_check) and its command, on notebooks built here."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from course.__main__ import main
-from course.output_check import check_notebook, check_paths, shown_lines
+from course.instructor.output_check import check_notebook, check_paths, shown_lines
 
 EXPLORER_LINE = "[cache explorer: interactive, it needs a live Jupyter kernel; run this cell in JupyterLab to use it.]"
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import course.grading.exercises  # noqa: F401  (registers every exercise)
+import course.exercises  # noqa: F401  (registers every exercise)
 from course.function_policy import FunctionPolicy, h2o_policy, snapkv_policy, streaming_policy
-from course.grading import REGISTRY
-from course.grading.core import result_of
-from course.grading.exercises.fixtures import policy_trace, tiny_model, token_ids
-from course.grading.exercises.nb03 import streaming_scores
-from course.grading.exercises.nb04 import h2o_accumulate, h2o_scores
-from course.grading.exercises.nb05 import pool_votes, snapkv_select
-from course.grading.grade import grade
+from course.exercises import REGISTRY
+from course.exercises.core import result_of
+from course.exercises.fixtures import policy_trace, tiny_model, token_ids
+from course.exercises.nb03 import streaming_scores
+from course.exercises.nb04 import h2o_accumulate, h2o_scores
+from course.exercises.nb05 import pool_votes, snapkv_select
+from course.instructor.grading.grade import grade
 from course.models.llama import rope
 from course.policies import make_policy
 from tests.grading_helpers import submission

@@ -1,4 +1,4 @@
-"""course.site on small made-up executed notebooks (no kernel, no browser): the pages, the navigation, the
+"""course.instructor.site on small made-up executed notebooks (no kernel, no browser): the pages, the navigation, the
 landing page's table, the benchmarks page with its images, and what is refused."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output  # noqa: E402
 
 from course.cli import COMMANDS  # noqa: E402
-from course.site import build_site, check_executed, notebook_table  # noqa: E402
+from course.instructor.site import build_site, check_executed, notebook_table  # noqa: E402
 
 README = """# the course
 

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import nbformat
 import pytest
 
-from course.site import BENCHMARKS, INDEX, build_site, notebook_table
+from course.instructor.site import BENCHMARKS, INDEX, build_site, notebook_table
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, browser_api, screenshot_dir
 
 EXECUTED = os.environ.get("COURSE_EXECUTED", "")
@@ -36,7 +36,7 @@ def site(tmp_path_factory) -> tuple[Path, Path]:
     if EXECUTED:
         executed = Path(EXECUTED)
     else:
-        from course.notebook_times import execute_notebook
+        from course.instructor.notebook_times import execute_notebook
 
         executed = tmp_path_factory.mktemp("executed")
         execute_notebook(ROOT / "notebooks" / f"{QUICKEST}.ipynb", executed / f"{QUICKEST}.ipynb", fast=True)

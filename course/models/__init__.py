@@ -20,12 +20,13 @@ from torch import nn
 
 from course.model_names import MODEL_NAMES, check_model_name
 from course.models.base import CausalLM, ModelConfig, ModelOutput
-from course.models.gpt2 import GPT2
+from course.models.family import FAMILIES, family, family_of_hf
+from course.models.gpt2 import GPT2  # each family's file registers it
 from course.models.llama import Llama
 from course.progress import library_bars
 
 __all__ = [
-    "CausalLM", "ModelConfig", "ModelOutput", "GPT2", "Llama", "MODEL_NAMES", "gpt2_random",
+    "CausalLM", "ModelConfig", "ModelOutput", "GPT2", "Llama", "FAMILIES", "MODEL_NAMES", "gpt2_random",
     "load_model", "load_hf_model", "from_transformers", "config_from_hf", "build_model", "resolve_device",
 ]
 
@@ -44,97 +45,23 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
 
 
 def build_model(cfg: ModelConfig) -> CausalLM:
-    """An (untrained) course model for a config."""
-    return GPT2(cfg) if cfg.family == "gpt2" else Llama(cfg)
-
-
-def _rope_theta(hf_config) -> float:
-    """RoPE's base; refuses the RoPE scaling variants the course does not implement, by name."""
-    rope = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
-        raise ValueError(f"RoPE scaling {kind!r} is not implemented by the course's Llama (only plain RoPE, "
-                         "rope_type 'default'); pick a checkpoint without rope scaling")
-    return float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+    """An (untrained) course model for a config: the model class of its family."""
+    return family(cfg.family).model(cfg)
 
 
 def config_from_hf(hf_config, name: str = "model") -> ModelConfig:
-    """Translate a transformers config (GPT-2, Llama, Mistral, Qwen2) into a course ``ModelConfig``.
+    """Translate a transformers config into a course ``ModelConfig``, by its family (``course.models.family``).
 
-    Refuses, with the reason, what the course's models do not implement: RoPE scaling, attention or
-    MLP biases beyond Qwen2's query/key/value biases, and sliding-window attention layers."""
-    mt = hf_config.model_type
-    if mt == "gpt2":
-        d = hf_config.n_embd
-        return ModelConfig(
-            family="gpt2", vocab_size=hf_config.vocab_size, n_layer=hf_config.n_layer, n_head=hf_config.n_head,
-            n_kv_head=hf_config.n_head, d_model=d, head_dim=d // hf_config.n_head,
-            d_ff=hf_config.n_inner or 4 * d, max_positions=hf_config.n_positions,
-            norm_eps=hf_config.layer_norm_epsilon, tie_embeddings=True, name=name,
-        )
-    if mt in ("llama", "mistral", "qwen2"):
-        theta = _rope_theta(hf_config)
-        if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
-            raise ValueError(f"{mt} with attention_bias/mlp_bias is not implemented: the course's Llama has "
-                             "no biases in attention or MLP (only Qwen2's query/key/value biases)")
-        window = getattr(hf_config, "sliding_window", None)
-        if mt == "qwen2" and not getattr(hf_config, "use_sliding_window", False):
-            window = None
-        if window is not None and window < hf_config.max_position_embeddings:
-            raise ValueError(f"{mt} with sliding_window={window} is not implemented: the course's Llama attends "
-                             "to its whole cache (its policies decide what it holds)")
-        heads = hf_config.num_attention_heads
-        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-        return ModelConfig(
-            family="llama", vocab_size=hf_config.vocab_size, n_layer=hf_config.num_hidden_layers, n_head=heads,
-            n_kv_head=hf_config.num_key_value_heads, d_model=hf_config.hidden_size, head_dim=head_dim,
-            d_ff=hf_config.intermediate_size, max_positions=hf_config.max_position_embeddings,
-            norm_eps=hf_config.rms_norm_eps, rope_theta=theta, tie_embeddings=bool(hf_config.tie_word_embeddings),
-            qkv_bias=mt == "qwen2", name=name,
-        )
-    raise ValueError(f"model_type {mt!r} is not supported: the course has GPT-2 and Llama-family models "
-                     "(llama, mistral, qwen2)")
-
-
-def _gpt2_weights(sd: dict, cfg: ModelConfig) -> dict:
-    """Map a GPT2LMHeadModel state dict to course names (Conv1D weights are [in, out]: transpose)."""
-    out = {"tok_emb.weight": sd["transformer.wte.weight"], "pos_emb.weight": sd["transformer.wpe.weight"],
-           "ln_f.weight": sd["transformer.ln_f.weight"], "ln_f.bias": sd["transformer.ln_f.bias"]}
-    for i in range(cfg.n_layer):
-        src, dst = f"transformer.h.{i}.", f"blocks.{i}."
-        for a, b in (("ln_1", "norm1"), ("ln_2", "norm2")):
-            out[f"{dst}{b}.weight"], out[f"{dst}{b}.bias"] = sd[f"{src}{a}.weight"], sd[f"{src}{a}.bias"]
-        for a, b in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"), ("mlp.c_fc", "mlp.fc"),
-                     ("mlp.c_proj", "mlp.proj")):
-            out[f"{dst}{b}.weight"] = sd[f"{src}{a}.weight"].t()
-            out[f"{dst}{b}.bias"] = sd[f"{src}{a}.bias"]
-    return out
-
-
-def _llama_weights(sd: dict, cfg: ModelConfig) -> dict:
-    """Map a LlamaForCausalLM state dict to course names (nn.Linear on both sides: no transpose)."""
-    out = {"tok_emb.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = sd["lm_head.weight"]
-    for i in range(cfg.n_layer):
-        src, dst = f"model.layers.{i}.", f"blocks.{i}."
-        pairs = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2", "self_attn.q_proj": "attn.q",
-                 "self_attn.k_proj": "attn.k", "self_attn.v_proj": "attn.v", "self_attn.o_proj": "attn.o",
-                 "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.up", "mlp.down_proj": "mlp.down"}
-        for a, b in pairs.items():
-            out[f"{dst}{b}.weight"] = sd[f"{src}{a}.weight"]
-        if cfg.qkv_bias:
-            for a, b in (("self_attn.q_proj", "attn.q"), ("self_attn.k_proj", "attn.k"), ("self_attn.v_proj", "attn.v")):
-                out[f"{dst}{b}.bias"] = sd[f"{src}{a}.bias"]
-    return out
+    Refuses, with the reason, what the course's models do not implement (e.g. RoPE scaling, sliding-window
+    attention layers) and model types no family loads."""
+    return family_of_hf(hf_config.model_type).config_from_hf(hf_config, name)
 
 
 def from_transformers(hf_model: nn.Module, name: str = "model") -> CausalLM:
     """Build the course model with the weights of a transformers GPT-2 or Llama model."""
     cfg = config_from_hf(hf_model.config, name)
     model = build_model(cfg)
-    sd = hf_model.state_dict()
-    mapped = _gpt2_weights(sd, cfg) if cfg.family == "gpt2" else _llama_weights(sd, cfg)
+    mapped = family(cfg.family).weights_from_hf(hf_model.state_dict(), cfg)
     dtype = next(hf_model.parameters()).dtype
     model.to(dtype)
     missing, unexpected = model.load_state_dict(mapped, strict=False)  # copies into the model: no clone needed

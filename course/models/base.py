@@ -17,9 +17,9 @@ __all__ = ["ModelConfig", "ModelOutput", "Block", "CausalLM"]
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Sizes of a decoder. ``family`` picks the file: gpt2.py or llama.py."""
+    """Sizes of a decoder. ``family`` names its ``course.models.family.Family``: "gpt2" or "llama"."""
 
-    family: Literal["gpt2", "llama"]
+    family: str
     vocab_size: int
     n_layer: int
     n_head: int
@@ -44,7 +44,9 @@ class ModelConfig:
     def reassigns_positions(self) -> bool:
         """Can a cached token be given a new position? Yes with RoPE (positions enter inside attention);
         no with GPT-2's learned positions (added to the input, so baked into every cached K/V)."""
-        return self.family == "llama"
+        from course.models.family import family
+
+        return family(self.family).reassigns_positions
 
     @property
     def max_stream_tokens(self) -> int | None:
@@ -194,6 +196,10 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def final_norm(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def value_outputs(self) -> list[tuple[nn.Module, slice]]:
+        """Per layer, the module whose output holds the values, and the slice of its last dim that does."""
         raise NotImplementedError
 
     def _run_blocks(

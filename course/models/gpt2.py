@@ -23,8 +23,9 @@ from torch import Tensor, nn
 from course.kvcache import KVCache
 from course.models.attend import attend
 from course.models.base import Block, CausalLM, ModelConfig
+from course.models.family import Family, register
 
-__all__ = ["GPT2"]
+__all__ = ["GPT2", "config_from_hf", "weights_from_hf"]
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
@@ -106,3 +107,37 @@ class GPT2(CausalLM):
 
     def final_norm(self, x: Tensor) -> Tensor:
         return self.ln_f(x)
+
+    def value_outputs(self) -> list[tuple[nn.Module, slice]]:
+        """Per layer, the module whose output holds the values and where: one projection for Q, K, V, the
+        values its last third."""
+        return [(b.attn.qkv, slice(2 * self.config.d_model, None)) for b in self.blocks]
+
+
+def config_from_hf(hf_config, name: str = "model") -> ModelConfig:
+    """A transformers GPT-2 config as a course config."""
+    d = hf_config.n_embd
+    return ModelConfig(
+        family="gpt2", vocab_size=hf_config.vocab_size, n_layer=hf_config.n_layer, n_head=hf_config.n_head,
+        n_kv_head=hf_config.n_head, d_model=d, head_dim=d // hf_config.n_head,
+        d_ff=hf_config.n_inner or 4 * d, max_positions=hf_config.n_positions,
+        norm_eps=hf_config.layer_norm_epsilon, tie_embeddings=True, name=name,
+    )
+
+
+def weights_from_hf(sd: dict, cfg: ModelConfig) -> dict:
+    """Map a GPT2LMHeadModel state dict to course names (Conv1D weights are [in, out]: transpose)."""
+    out = {"tok_emb.weight": sd["transformer.wte.weight"], "pos_emb.weight": sd["transformer.wpe.weight"],
+           "ln_f.weight": sd["transformer.ln_f.weight"], "ln_f.bias": sd["transformer.ln_f.bias"]}
+    for i in range(cfg.n_layer):
+        src, dst = f"transformer.h.{i}.", f"blocks.{i}."
+        for a, b in (("ln_1", "norm1"), ("ln_2", "norm2")):
+            out[f"{dst}{b}.weight"], out[f"{dst}{b}.bias"] = sd[f"{src}{a}.weight"], sd[f"{src}{a}.bias"]
+        for a, b in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"), ("mlp.c_fc", "mlp.fc"),
+                     ("mlp.c_proj", "mlp.proj")):
+            out[f"{dst}{b}.weight"] = sd[f"{src}{a}.weight"].t()
+            out[f"{dst}{b}.bias"] = sd[f"{src}{a}.bias"]
+    return out
+
+
+register(Family("gpt2", GPT2, ("gpt2",), config_from_hf, weights_from_hf, reassigns_positions=False))

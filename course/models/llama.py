@@ -23,8 +23,9 @@ from torch.nn import functional as F
 from course.kvcache import KVCache, SinkRotation
 from course.models.attend import attend
 from course.models.base import Block, CausalLM, ModelConfig
+from course.models.family import Family, register
 
-__all__ = ["Llama", "RMSNorm", "rope", "rotate_half"]
+__all__ = ["Llama", "RMSNorm", "rope", "rotate_half", "rope_theta", "config_from_hf", "weights_from_hf"]
 
 
 class RMSNorm(nn.Module):
@@ -158,3 +159,65 @@ class Llama(CausalLM):
 
     def final_norm(self, x: Tensor) -> Tensor:
         return self.norm(x)
+
+    def value_outputs(self) -> list[tuple[nn.Module, slice]]:
+        """Per layer, the module whose output holds the values and where: the value projection, all of it."""
+        return [(b.attn.v, slice(None)) for b in self.blocks]
+
+
+def rope_theta(hf_config) -> float:
+    """RoPE's base; refuses the RoPE scaling variants the course does not implement, by name."""
+    rope = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise ValueError(f"RoPE scaling {kind!r} is not implemented by the course's Llama (only plain RoPE, "
+                         "rope_type 'default'); pick a checkpoint without rope scaling")
+    return float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+
+
+def config_from_hf(hf_config, name: str = "model") -> ModelConfig:
+    """A transformers Llama, Mistral or Qwen2 config as a course config. Refuses, with the reason, what the
+    course's Llama does not implement: RoPE scaling, attention or MLP biases beyond Qwen2's query/key/value biases,
+    and sliding-window attention layers."""
+    mt = hf_config.model_type
+    theta = rope_theta(hf_config)
+    if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
+        raise ValueError(f"{mt} with attention_bias/mlp_bias is not implemented: the course's Llama has "
+                         "no biases in attention or MLP (only Qwen2's query/key/value biases)")
+    window = getattr(hf_config, "sliding_window", None)
+    if mt == "qwen2" and not getattr(hf_config, "use_sliding_window", False):
+        window = None
+    if window is not None and window < hf_config.max_position_embeddings:
+        raise ValueError(f"{mt} with sliding_window={window} is not implemented: the course's Llama attends "
+                         "to its whole cache (its policies decide what it holds)")
+    heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return ModelConfig(
+        family="llama", vocab_size=hf_config.vocab_size, n_layer=hf_config.num_hidden_layers, n_head=heads,
+        n_kv_head=hf_config.num_key_value_heads, d_model=hf_config.hidden_size, head_dim=head_dim,
+        d_ff=hf_config.intermediate_size, max_positions=hf_config.max_position_embeddings,
+        norm_eps=hf_config.rms_norm_eps, rope_theta=theta, tie_embeddings=bool(hf_config.tie_word_embeddings),
+        qkv_bias=mt == "qwen2", name=name,
+    )
+
+
+def weights_from_hf(sd: dict, cfg: ModelConfig) -> dict:
+    """Map a LlamaForCausalLM state dict to course names (nn.Linear on both sides: no transpose)."""
+    out = {"tok_emb.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    for i in range(cfg.n_layer):
+        src, dst = f"model.layers.{i}.", f"blocks.{i}."
+        pairs = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2", "self_attn.q_proj": "attn.q",
+                 "self_attn.k_proj": "attn.k", "self_attn.v_proj": "attn.v", "self_attn.o_proj": "attn.o",
+                 "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.up", "mlp.down_proj": "mlp.down"}
+        for a, b in pairs.items():
+            out[f"{dst}{b}.weight"] = sd[f"{src}{a}.weight"]
+        if cfg.qkv_bias:
+            for a, b in (("self_attn.q_proj", "attn.q"), ("self_attn.k_proj", "attn.k"), ("self_attn.v_proj", "attn.v")):
+                out[f"{dst}{b}.bias"] = sd[f"{src}{a}.bias"]
+    return out
+
+
+register(Family("llama", Llama, ("llama", "mistral", "qwen2"), config_from_hf, weights_from_hf,
+                reassigns_positions=True))

@@ -32,11 +32,11 @@ from course.data import load_text, tokenize
 from course.models import load_hf_model, load_model
 from course.models.base import CausalLM
 from course.evaluate import compress_prompt
-from course.policies import H2O, Policy, make_policy
+from course.policies import make_policy
 from course.streaming import decode_stream, exact_stream
-from course.timing import alternate, streaming_vs_recompute
+from course.timing import alternate, bench_policies, streaming_vs_recompute
 
-__all__ = ["run_bench", "bench_vs_transformers", "bench_evaluator", "bench_policies", "peak_memory", "save_report"]
+__all__ = ["run_bench", "bench_vs_transformers", "bench_evaluator", "peak_memory", "save_report"]
 
 
 @torch.inference_mode()
@@ -77,61 +77,6 @@ def bench_evaluator(model: CausalLM, ids: torch.Tensor, policy_factory, chunk: i
         "tokens": n, "policy": decoded.label, "decode_tok_s": n / decoded.seconds, "exact_tok_s": n / t_exact,
         "ratio": decoded.seconds / t_exact, "max_nll_diff": float((decoded.nll - exact.nll).abs().max()),
     }
-
-
-def _fill(model: CausalLM, policy: Policy, slots: int, seen: int):
-    """A cache in the state ``policy`` leaves after ``seen`` tokens: ``slots`` random entries."""
-    cache = model.new_cache(1, policy)
-    c = model.config
-    g = torch.Generator(device="cpu").manual_seed(0)
-    positions = torch.arange(seen - slots, seen)
-    positions[: min(4, slots)] = torch.arange(min(4, slots))  # keep the first tokens (sinks) where they would be
-    shape = (1, c.n_kv_head, slots, c.head_dim)
-    stats = {"attention": torch.rand(1, c.n_kv_head, slots, generator=g)} if isinstance(getattr(policy, "inner", policy), H2O) else {}
-    cache.fill(torch.randn(shape, generator=g).to(model.device), torch.randn(shape, generator=g).to(model.device),
-               positions.to(model.device)[None], seen, {k: v.to(model.device) for k, v in stats.items()})
-    return cache
-
-
-@torch.inference_mode()
-def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budget: int, steps: int, reps: int) -> dict:
-    """Per-token decode time (ms) and cache bytes after ``t`` streamed tokens, for every policy.
-
-    SnapKV compresses a prompt once and never evicts while decoding: here the prompt is the first
-    ``lengths[0]`` tokens, compressed to ``budget`` slots, and its cache then grows by one slot a
-    token. Its overhead is therefore compared at ``lengths[0]``, where it holds ``budget`` slots
-    like StreamingLLM; H2O's at the longest stream (both always hold ``budget``)."""
-    if list(lengths) != sorted(lengths) or lengths[0] < budget:
-        raise ValueError(f"lengths must be increasing and start at >= budget ({budget}), got {lengths}")
-    policies = {name: (lambda name=name: make_policy(name, budget, model=model))  # SnapKV compresses the prompt;
-                for name in ("full", "window", "streaming", "h2o", "snapkv")}  # its cache then grows while decoding
-    prompt = lengths[0]  # SnapKV: this prompt compressed to the budget, then decoding
-    rows: dict[str, dict[str, list]] = {name: {"tokens": [], "ms_per_token": [], "cache_bytes": []} for name in policies}
-    for t in lengths:
-        occupancy = {
-            "full": t, "window": min(t, budget), "streaming": min(t, budget), "h2o": min(t, budget),
-            "snapkv": budget + (t - prompt),
-        }
-        fns, sizes = {}, {}
-        for name, make in policies.items():
-            cache = _fill(model, make(), occupancy[name], t)
-            sizes[name] = cache.nbytes  # before the timed steps add their tokens
-            tok = ids[:, :1]
-
-            def step(cache=cache, tok=tok) -> None:
-                for _ in range(steps):
-                    model(tok, cache=cache)
-
-            fns[name] = step
-        med = alternate(fns, reps, 1, model.device)
-        for name in policies:
-            rows[name]["tokens"].append(t)
-            rows[name]["ms_per_token"].append(1e3 * med[name] / steps)
-            rows[name]["cache_bytes"].append(sizes[name])
-    ms = {name: r["ms_per_token"] for name, r in rows.items()}
-    return {"budget": budget, "per_policy": rows,
-            "h2o_over_streaming": ms["h2o"][-1] / ms["streaming"][-1],
-            "snapkv_over_streaming": ms["snapkv"][0] / ms["streaming"][0]}
 
 
 @torch.inference_mode()

@@ -7,8 +7,8 @@ import math
 import torch
 from torch import Tensor
 
-from course.grading.core import Wrong, exercise
-from course.grading.exercises.fixtures import CallCounter, close, tiny_model
+from course.exercises.core import Wrong, exercise
+from course.exercises.fixtures import CallCounter, close, tiny_model
 from course.kvcache import cache_bytes_per_token
 from course.memory import CONFIGS, cache_numbers_per_token, kv_bytes_per_token
 

@@ -15,8 +15,9 @@ import nbformat
 __all__ = ["grader_internals"]
 
 _PATTERNS = [
-    re.compile(r"course\.grading\.(?!check\b)\w+"),  # course.grading.exercises, .core, .worker, ...
-    re.compile(r"from\s+course\.grading\s+import\s+(?![\s(]*check\s*[)]?\s*(#.*)?$).*"),  # anything but `check`
+    re.compile(r"course\.exercises\.(?!check\b)\w+"),  # course.exercises.core, .nb01, ...
+    re.compile(r"course\.instructor\b"),  # the grader, its worker, release, ...
+    re.compile(r"from\s+course\.exercises\s+import\s+(?![\s(]*check\s*[)]?\s*(#.*)?$).*"),  # anything but `check`
     re.compile(r"\bREGISTRY\b|\bsetprofile\b|\bsettrace\b|\bCOURSE_GRADER_\w*|\b__import__\b|\bimportlib\b"),
 ]
 

@@ -57,12 +57,9 @@ def exercise(id: str, title: str, reference: Callable, points: int = 1):
     return register
 
 
-def _load_all() -> None:
-    from course.grading import exercises  # noqa: F401  (registers every notebook's exercises)
-
-
 def get(id: str) -> Exercise:
-    _load_all()
+    import course.exercises  # noqa: F401  (importing the package registers every notebook's exercises)
+
     if id not in REGISTRY:
         raise KeyError(f"unknown exercise {id!r}; known: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[id]
@@ -96,10 +93,10 @@ def check(id: str, fn: Callable, autofill: bool = False) -> Callable:
     parameter) is true or ``COURSE_AUTOFILL=1`` is set: then the reference is returned.
 
     In a kernel started by the autograder, the grader checks ``fn`` from its own process (this kernel
-    only answers its calls, see ``course.grading.worker``); the notebook then carries on, silently,
+    only answers its calls, see ``course.instructor.grading.worker``); the notebook then carries on, silently,
     with ``fn`` when a local run of the checker passes and with the reference otherwise.
     """
-    from course.grading import worker
+    from course.instructor.grading import worker
 
     ex = get(id)
     if worker.grading():

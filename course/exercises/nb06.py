@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from course.grading.core import Wrong, exercise
-from course.grading.exercises.fixtures import close
+from course.exercises.core import Wrong, exercise
+from course.exercises.fixtures import close
 from course.train import lm_loss, prepend_sink
 
 

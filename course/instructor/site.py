@@ -148,7 +148,7 @@ def _copy_images(rendered: str, src_dir: Path, out: Path) -> str:
 
 def _colab_links(root: Path, entries: list[NotebookEntry]) -> tuple[dict[str, str], str]:
     """Colab links per notebook (student copies) and a Binder link, from the course's one setting."""
-    from course.host import read_host
+    from course.instructor.host import read_host
 
     gh = read_host(root).github if (root / "pyproject.toml").is_file() else None
     if gh is None:

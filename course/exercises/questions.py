@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from course.grading.core import Wrong, exercise
+from course.exercises.core import Wrong, exercise
 
 __all__ = ["Question", "QUESTIONS", "normalise_choice"]
 

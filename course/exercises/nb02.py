@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from course.grading.core import Wrong, exercise
-from course.grading.exercises.fixtures import close
+from course.exercises.core import Wrong, exercise
+from course.exercises.fixtures import close
 
 
 # ----------------------------------------------------------------------------- 1. sink mass

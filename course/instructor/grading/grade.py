@@ -1,26 +1,26 @@
 """The autograder: ``python -m course grade PATH... [--layout folders|flat] [--out DIR] ...``.
 
-Submissions are found and named by ``course.grading.submissions`` (one explicit layout rule). Each
+Submissions are found and named by ``course.instructor.grading.submissions`` (one explicit layout rule). Each
 submission runs top to bottom in a fresh ``python3`` kernel under the sandbox supervisor
-(``course.grading.sandbox``: own session, private temporary folder, CPU / memory / file-size limits,
+(``course.instructor.grading.sandbox``: own session, private temporary folder, CPU / memory / file-size limits,
 everything it starts killed when it ends), with ``FAST = True`` and ``AUTOFILL = False`` injected after
 its ``parameters`` cell and a minimal environment. The grader decides, the kernel only answers: at each
 ``check(...)`` cell the kernel connects to the grader, and the grader runs the exercise's checker in its
 own process, calling the student's function in the kernel with the checker's inputs
-(``course.grading.remote``). Nothing the kernel writes, patches or prints is read as a result.
+(``course.instructor.grading.remote``). Nothing the kernel writes, patches or prints is read as a result.
 
 A cell that raises does not stop the run; a cell that runs longer than the per-cell timeout, or prints
 more than the output limit, is interrupted; the whole notebook also has an overall time limit. Grade
 untrusted submissions inside a container or a throwaway account as well: the sandbox limits a
 submission's resources and lifetime, it does not hide your files from it (see docs/grading.md).
 
-Every registered exercise of the notebook (``course.grading.REGISTRY``, ids ``"NN.*"``) gets one row:
+Every registered exercise of the notebook (``course.exercises.REGISTRY``, ids ``"NN.*"``) gets one row:
 ``student, notebook, exercise, points, max_points, status, feedback, submission, sha256``. ``status``
 is the checker's (``pass``, ``wrong``, ``error``: the function raised, ``not_done``), or ``forwarded``
 (the function calls the course's reference implementation), ``review`` (correct, but the notebook
 reaches into the grader: points withheld), ``timeout``, ``not_reached`` (the feedback says why),
 ``duplicate``, or ``error`` for a notebook that could not be run at all. A submission that cannot be
-attributed (see ``course.grading.submissions``) gets a single row with an empty ``exercise``.
+attributed (see ``course.instructor.grading.submissions``) gets a single row with an empty ``exercise``.
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-import course.grading.exercises  # noqa: F401  (registers every notebook's exercises)
-from course.grading.core import AUTOFILL_ENV, REGISTRY, Exercise
-from course.grading.gradebook import Gradebook, file_digest
-from course.grading.remote import CheckResult, CheckServer
-from course.grading.sandbox import Limits, SandboxedKernelManager, stop_sandbox
-from course.grading.scan import grader_internals
-from course.grading.submissions import UNKNOWN_STUDENT, Submission, find_submissions
+import course.exercises  # noqa: F401  (registers every notebook's exercises)
+from course.exercises.core import AUTOFILL_ENV, REGISTRY, Exercise
+from course.instructor.grading.gradebook import Gradebook, file_digest
+from course.instructor.grading.remote import CheckResult, CheckServer
+from course.instructor.grading.sandbox import Limits, SandboxedKernelManager, stop_sandbox
+from course.instructor.grading.scan import grader_internals
+from course.instructor.grading.submissions import UNKNOWN_STUDENT, Submission, find_submissions
 from course.progress import PROGRESS_ENV
 
 __all__ = ["grade_submission", "grade", "Limits"]
@@ -58,7 +58,7 @@ TIMEOUT_ENAME = "CellTimeout"
 KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "XDG_CACHE_HOME",
             "MPLBACKEND")
 KEPT_ENV_PREFIXES = ("COURSE_", "HF_", "OMP_", "MKL_", "TORCH_", "TRANSFORMERS_")
-_LOG = logging.getLogger("course.grading.grade")  # nbclient's messages (timeouts, ...) stay off the console
+_LOG = logging.getLogger("course.instructor.grading.grade")  # nbclient's messages (timeouts, ...) stay off the console
 _LOG.addHandler(logging.NullHandler())
 _LOG.propagate = False
 

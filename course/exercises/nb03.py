@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from course.function_policy import streaming_policy
-from course.grading.core import Wrong, exercise
-from course.grading.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
+from course.exercises.core import Wrong, exercise
+from course.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
 from course.models.llama import rope
 from course.policies import make_policy
 

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from course.evaluate import compress_prompt, continuation_nll
-from course.grading.core import Wrong, exercise
-from course.grading.exercises.fixtures import CallCounter, tiny_model
+from course.exercises.core import Wrong, exercise
+from course.exercises.fixtures import CallCounter, tiny_model
 from course.policies import H2O, FullCache, SlidingWindow, SnapKV
 
 

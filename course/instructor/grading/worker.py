@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from course.grading import wire
+from course.instructor.grading import wire
 
 __all__ = ["SOCKET_ENV", "TOKEN_ENV", "RemoteObject", "serve", "grading"]
 

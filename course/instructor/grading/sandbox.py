@@ -1,6 +1,6 @@
 """Each submission's kernel runs under a small supervisor that owns everything the kernel starts.
 
-``python -m course.grading.sandbox --cpu S --memory MB --files MB -- KERNEL COMMAND...`` (Linux):
+``python -m course.instructor.grading.sandbox --cpu S --memory MB --files MB -- KERNEL COMMAND...`` (Linux):
 
 * starts a new session, and becomes a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``): a process
   the kernel starts that detaches itself (double fork, ``setsid``) is re-parented to the supervisor,
@@ -114,7 +114,7 @@ def _set_limits(cpu: int, memory_mb: int, file_mb: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m course.grading.sandbox")
+    p = argparse.ArgumentParser(prog="python -m course.instructor.grading.sandbox")
     p.add_argument("--cpu", type=int, required=True)
     p.add_argument("--memory", type=int, required=True)
     p.add_argument("--files", type=int, required=True)
@@ -161,7 +161,7 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         cmd = super().format_kernel_cmd(extra_arguments)
-        return [sys.executable, "-m", "course.grading.sandbox", *self.limits.args(), "--", *cmd]
+        return [sys.executable, "-m", "course.instructor.grading.sandbox", *self.limits.args(), "--", *cmd]
 
 
 def stop_sandbox(km: AsyncKernelManager, wait: float = 10.0) -> None:

@@ -1,7 +1,7 @@
 """The grader's side of a graded check: the checker runs here, the student's function over a socket.
 
 ``CheckServer`` listens on a Unix socket in the grader's private folder. Each ``check(...)`` cell of
-the notebook connects (see ``course.grading.worker``), names its exercise and then answers calls.
+the notebook connects (see ``course.instructor.grading.worker``), names its exercise and then answers calls.
 The server runs the exercise's checker in the grader's process with a ``StudentFunction`` in place
 of the student's function: each call sends the checker's arguments by value (objects the checker
 keeps, such as a model wrapped in a call counter, as handles) and receives the answer as plain data.
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from course.grading import wire
-from course.grading.core import Exercise, StudentRaised, result_of
+from course.instructor.grading import wire
+from course.exercises.core import Exercise, StudentRaised, result_of
 
 __all__ = ["CheckServer", "CheckResult", "StudentFunction", "WorkerLost"]
 
@@ -192,7 +192,7 @@ class CheckServer:
         self._thread = threading.Thread(target=self._serve, name="course-check-server", daemon=True)
 
     def env(self) -> dict[str, str]:
-        from course.grading.worker import SOCKET_ENV, TOKEN_ENV
+        from course.instructor.grading.worker import SOCKET_ENV, TOKEN_ENV
 
         return {SOCKET_ENV: str(self.path), TOKEN_ENV: self.token}
 

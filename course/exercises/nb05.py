@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from course.function_policy import snapkv_policy
-from course.grading.core import Wrong, exercise
-from course.grading.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
+from course.exercises.core import Wrong, exercise
+from course.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
 from course.policies import group_mean, make_policy
 
 
