@@ -16,7 +16,7 @@ import torch
 
 from course.model_names import DEVICE_PATTERN, SEED_MAX
 
-__all__ = ["configure", "configure_parameters", "Parameters", "as_bool", "as_model", "as_seed", "as_device"]
+__all__ = ["configure", "configure_parameters", "Parameters", "as_bool", "as_fast", "as_model", "as_seed", "as_device"]
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
@@ -38,6 +38,19 @@ def as_bool(name: str, value: object) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
     raise ValueError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
+def as_fast(name: str, value: object, device: str) -> bool:
+    """FAST as a bool. ``"auto"``: the small sizes on a CPU (every notebook within minutes on a laptop) and the
+    full sizes on a GPU, decided by the device the notebook will use; otherwise ``as_bool``."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        from course.models import resolve_device
+
+        return resolve_device(device).type == "cpu"
+    try:
+        return as_bool(name, value)
+    except ValueError:
+        raise ValueError(f"{name} must be True, False or \"auto\", got {value!r} ({type(value).__name__})") from None
 
 
 def as_model(name: str, value: object) -> str:
@@ -70,7 +83,8 @@ def configure_parameters(fast: object, model: object, seed: object = 0, device: 
                          autofill: object = False) -> Parameters:
     """Check every parameter of a notebook, resolve the run mode and seed torch.
 
-    FAST is also switched on by ``COURSE_FAST=1``; the model may be pinned by ``COURSE_MODEL``
+    FAST may be True, False or ``"auto"`` (``as_fast``: small sizes on a CPU, full sizes on a GPU);
+    ``COURSE_FAST=1`` forces the small sizes and ``COURSE_FAST=0`` the full ones. The model may be pinned by ``COURSE_MODEL``
     (the test suite pins the offline one); ``model=None``: the notebook trains its own models. Picks torch's
     thread count for the cores that are free (``course.threads.use_threads``) and the figures' style
     (``course.plots.use_course_style``). Returns
@@ -85,17 +99,22 @@ def configure_parameters(fast: object, model: object, seed: object = 0, device: 
         chosen = as_model("COURSE_MODEL", os.environ["COURSE_MODEL"])
     else:
         chosen = as_model("MODEL", model)
+    device = as_device("DEVICE", device)
+    forced = os.environ.get("COURSE_FAST")
+    if forced not in (None, "", "0", "1"):
+        raise ValueError(f"COURSE_FAST must be 1 (small sizes) or 0 (full sizes), got {forced!r}")
     params = Parameters(
-        fast=as_bool("FAST", fast) or os.environ.get("COURSE_FAST") == "1",
+        fast=as_fast("FAST", fast, device) if forced in (None, "") else forced == "1",
         model=chosen,
-        device=as_device("DEVICE", device),
+        device=device,
         autofill=as_bool("AUTOFILL", autofill),
         seed=as_seed("SEED", seed),
     )
     torch.manual_seed(params.seed)
     use_threads()
     use_course_style()
-    print(f"FAST={params.fast}  MODEL={params.model or '(trained here)'}  seed={params.seed}")
+    print(f"FAST={params.fast}{' (auto)' if str(fast).strip().lower() == 'auto' else ''}  "
+          f"MODEL={params.model or '(trained here)'}  seed={params.seed}")
     return params
 
 

@@ -484,8 +484,8 @@ def test_notebook_parameters_are_typed(monkeypatch, capsys):
     assert configure(False, "gpt2", 3) == (False, "gpt2")
     assert tuple(configure_parameters("false", "auto", "7", "cpu", "False")) == (False, "auto", "cpu", False, 7)
     bad = [
-        (("notabool", "auto"), {}, r"FAST must be True or False, got 'notabool' \(str\)"),
-        ((1, "auto"), {}, r"FAST must be True or False, got 1 \(int\)"),
+        (("notabool", "auto"), {}, r"FAST must be True, False or \"auto\", got 'notabool' \(str\)"),
+        ((1, "auto"), {}, r"FAST must be True, False or \"auto\", got 1 \(int\)"),
         ((False, "gpt-9"), {}, r"MODEL: model must be one of auto, gpt2, smollm2-135m, gpt2-random, or a Hugging "
                                 r"Face checkpoint \(org/name, or a local folder\); got 'gpt-9'"),
         ((False, "auto", -1), {}, r"SEED must be an integer from 0 to 4294967295, got -1"),
@@ -503,6 +503,19 @@ def test_notebook_parameters_are_typed(monkeypatch, capsys):
     monkeypatch.delenv("COURSE_MODEL")
     assert configure(False, None) == (False, None)  # a notebook that trains its own models
     assert configure(False, "gpt2-random") == (False, "gpt2-random")
+    # "auto" (every notebook's default): the small sizes on a CPU, the full sizes on a GPU
+    assert configure_parameters("auto", "auto", 0, "cpu").fast is True
+    assert configure_parameters(" AUTO ", "auto", 0, "cpu").fast is True
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert configure_parameters("auto", "auto", 0, "auto").fast is False
+    assert configure_parameters("auto", "auto", 0, "cpu").fast is True  # a GPU there, but the CPU asked for
+    monkeypatch.setenv("COURSE_FAST", "0")  # the environment forces either size
+    assert configure_parameters(True, "auto", 0, "cpu").fast is False
+    monkeypatch.setenv("COURSE_FAST", "1")
+    assert configure_parameters(False, "auto", 0, "cpu").fast is True
+    monkeypatch.setenv("COURSE_FAST", "yes")
+    with pytest.raises(ValueError, match=r"COURSE_FAST must be 1 \(small sizes\) or 0 \(full sizes\), got 'yes'"):
+        configure_parameters(False, "auto", 0, "cpu")
 
 
 @pytest.mark.parametrize("autofill", ["False", "True", 0, 1, None])

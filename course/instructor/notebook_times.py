@@ -42,8 +42,8 @@ def execute_notebook(path: Path, out: Path, fast: bool, timeout: int | None = No
     progress; ``FAST`` and ``COURSE_FAST`` set when ``fast``). Returns the wall time in seconds."""
     import papermill
 
-    env = {"COURSE_PROGRESS": "text"} | ({"COURSE_FAST": "1"} if fast else {})
-    params = {"FAST": True} if fast else {}
+    env = {"COURSE_PROGRESS": "text", "COURSE_FAST": "1" if fast else "0"}
+    params = {"FAST": fast}  # explicit both ways: a notebook's default, "auto", is small on a CPU
     start = time.perf_counter()
     with _environment(**env):
         papermill.execute_notebook(str(path), str(out), parameters=params, cwd=str(path.parent),
