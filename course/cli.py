@@ -426,6 +426,9 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
 def _bench_notebooks(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
+    from course.instructor import require
+
+    require("bench --notebooks", "nbformat", "papermill", "ipykernel")
     from course.instructor.notebook_times import budget_verdict, time_notebooks, times_table, write_times
 
     paths = sorted(Path(args.notebook_dir).glob("[0-9]*.ipynb"))
@@ -640,6 +643,9 @@ def _release_args(p: argparse.ArgumentParser) -> None:
 def _release(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
+    from course.instructor import require
+
+    require("release", "nbformat")
     from course.instructor.release import check_release, release
 
     solutions = Path(args.notebooks)
@@ -677,7 +683,35 @@ def _grade_args(p: argparse.ArgumentParser) -> None:
                    help="folder for gradebook.csv and gradebook.json, written after every submission; "
                         "unchanged submissions already in it are not graded again (default: ./gradebook)")
     p.add_argument("--regrade", action="store_true", help="grade every submission again, ignoring --out's gradebook")
+    p.add_argument("--jobs", type=jobs_count, default=None,
+                   help="submissions graded at once, each kernel with its share of the cores as torch threads "
+                        "(1 to the cores available; default: every core)")
+    p.add_argument("--shard", type=shard_spec, default=None, metavar="INDEX/COUNT",
+                   help="grade only shard INDEX (from 0) of COUNT, e.g. a job array's task: a fixed split of the "
+                        "submissions; merge the shards' --out folders with `gradebook merge` (see docs/grading.md)")
     p.add_argument("--json", action="store_true")
+
+
+def jobs_count(text: str) -> int:
+    """argparse type: how many submissions to grade at once, 1 to the cores this process may use."""
+    from course.threads import cpu_cores
+
+    cores = cpu_cores()
+    try:
+        return _int(text, 1, cores)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {cores} (the cores available here), "
+                                         f"got {text!r}") from None
+
+
+def shard_spec(text: str):
+    """argparse type: ``INDEX/COUNT``, a ``course.instructor.grading.shards.Shard``."""
+    from course.instructor.grading.shards import Shard
+
+    try:
+        return Shard.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--shard ")) from None
 
 
 def _grade(args: argparse.Namespace) -> dict:
@@ -686,12 +720,20 @@ def _grade(args: argparse.Namespace) -> dict:
     import threading
     from pathlib import Path
 
+    from course.instructor import require
+
+    require("grade", "nbformat", "nbclient", "jupyter_client", "ipykernel")
     from course.instructor.grading.gradebook import Gradebook, format_gradebook, totals
     from course.instructor.grading.grade import grade
     from course.instructor.grading.sandbox import Limits
+    from course.instructor.grading.shards import check_out_for
     from course.instructor.grading.submissions import find_submissions
+    from course.threads import cpu_cores
 
+    shard = args.shard
+    jobs = args.jobs or cpu_cores()
     find_submissions(args.paths, args.layout)  # a missing PATH is reported before --out is created
+    check_out_for(Path(args.out), shard)
     book = Gradebook(Path(args.out), regrade=args.regrade)  # checked before anything is graded
     total = args.total_timeout or 6 * args.timeout
     limits = Limits(cpu_seconds=2 * total, memory_mb=args.memory, output_mb=args.max_output)
@@ -706,7 +748,8 @@ def _grade(args: argparse.Namespace) -> dict:
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         rows = grade(args.paths, args.timeout, args.total_timeout, args.layout, limits, book,
-                     progress=None if args.json else lambda line: print(line, flush=True), stop=stopping)
+                     progress=None if args.json else lambda line: print(line, flush=True), stop=stopping,
+                     jobs=jobs, threads=max(1, cpu_cores() // jobs), shard=shard)
     except KeyboardInterrupt:
         print(f"interrupted: {book.json_path} and {book.csv_path} hold the submissions graded so far; "
               "run the same command again to grade the rest", file=sys.stderr)
@@ -716,8 +759,31 @@ def _grade(args: argparse.Namespace) -> dict:
             signal.signal(s, handler)
     if not args.json:
         print(format_gradebook(rows))
-        print(f"wrote {book.csv_path} and {book.json_path}")
-    return {"rows": rows, "totals": totals(rows), "gradebook": [str(book.csv_path), str(book.json_path)]}
+        print(f"wrote {book.csv_path} and {book.json_path}" + (f" (shard {shard})" if shard else ""))
+    return {"rows": rows, "totals": totals(rows), "gradebook": [str(book.csv_path), str(book.json_path)],
+            "jobs": jobs, "shard": str(shard) if shard else None}
+
+
+def _gradebook_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    merge = sub.add_parser("merge", help="merge the gradebooks of every shard (grade --shard i/N) into one",
+                           description="merge the gradebooks of every shard (grade --shard i/N) into one; refuses "
+                                       "missing, unfinished or overlapping shards")
+    merge.add_argument("shards", nargs="+", metavar="SHARD_DIR", help="the --out folder of every shard")
+    merge.add_argument("--out", required=True, help="folder for the merged gradebook.csv and gradebook.json")
+    merge.add_argument("--json", action="store_true")
+
+
+def _gradebook(args: argparse.Namespace) -> dict:
+    from course.instructor.grading.gradebook import totals
+    from course.instructor.grading.shards import merge
+
+    book = merge(args.shards, args.out)
+    if not args.json:
+        people = len(totals(book.rows))
+        print(f"merged {len(args.shards)} shards: {len(book.rows)} rows for {people} student(s) in "
+              f"{book.csv_path} and {book.json_path}")
+    return {"rows": book.rows, "totals": totals(book.rows), "gradebook": [str(book.csv_path), str(book.json_path)]}
 
 
 # ----------------------------------------------------------------------------- check-outputs
@@ -728,6 +794,9 @@ def _check_outputs_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check_outputs(args: argparse.Namespace) -> dict:
+    from course.instructor import require
+
+    require("check-outputs", "nbformat")
     from course.instructor.output_check import check_paths
 
     notebooks, problems = check_paths(args.paths)
@@ -752,6 +821,9 @@ def _site_args(p: argparse.ArgumentParser) -> None:
 def _site(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
+    from course.instructor import require
+
+    require("site", "nbformat", "nbconvert")
     from course.instructor.site import build_site
 
     if not (Path(args.root) / "README.md").is_file():
@@ -778,6 +850,8 @@ COMMANDS: list[Command] = [
     Command("release", "write the student copies of the notebooks (exercise solutions removed)", _release_args,
             _release),
     Command("grade", "autograde submitted notebooks into a gradebook (CSV and JSON)", _grade_args, _grade),
+    Command("gradebook", "gradebooks: merge the shards of a grading split over several machines", _gradebook_args,
+            _gradebook),
     Command("check-outputs", "check executed notebooks for frozen progress bars, widget text, loading messages",
             _check_outputs_args, _check_outputs),
     Command("site", "build the course site (HTML pages of the executed notebooks, index, benchmarks)", _site_args,

@@ -33,7 +33,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
@@ -44,14 +45,17 @@ from nbclient.exceptions import DeadKernelError
 
 import course.exercises  # noqa: F401  (registers every notebook's exercises)
 from course.exercises.core import AUTOFILL_ENV, REGISTRY, Exercise
-from course.instructor.grading.gradebook import Gradebook, file_digest
+from course.instructor.grading.gradebook import Gradebook, file_digest, in_order
+from course.instructor.grading.pool import GradingPool
 from course.instructor.grading.remote import CheckResult, CheckServer
 from course.instructor.grading.sandbox import Limits, SandboxedKernelManager, stop_sandbox
 from course.instructor.grading.scan import grader_internals
+from course.instructor.grading.shards import Shard, write_record
 from course.instructor.grading.submissions import UNKNOWN_STUDENT, Submission, find_submissions
 from course.progress import PROGRESS_ENV
+from course.threads import THREADS_ENV
 
-__all__ = ["grade_submission", "grade", "Limits"]
+__all__ = ["grade_submission", "grade", "thread_env", "Limits"]
 
 INJECTED_PARAMETERS = "# Parameters injected by the autograder\nFAST = True\nAUTOFILL = False\n"
 TIMEOUT_ENAME = "CellTimeout"
@@ -216,26 +220,34 @@ def _minimal_env(extra: dict[str, str]) -> dict[str, str]:
     return {**kept, **extra}
 
 
+def thread_env(threads: int | None) -> dict[str, str]:
+    """The variables that give a kernel ``threads`` torch threads (none: the kernel chooses)."""
+    if threads is None:
+        return {}
+    return {THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
 def _run_and_check(nb: nbformat.NotebookNode, exercises: list[Exercise], timeout: int, total_timeout: int,
-                   limits: Limits) -> tuple[_Run, dict[str, CheckResult]]:
+                   limits: Limits, threads: int | None) -> tuple[_Run, dict[str, CheckResult]]:
     with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:  # random name, mode 700
         work, control = Path(tmp) / "work", Path(tmp) / "control"
         work.mkdir(mode=0o700)
         control.mkdir(mode=0o700)
         with CheckServer(control, exercises, timeout) as server:
             env = _minimal_env({**server.env(), AUTOFILL_ENV: "0", "COURSE_FAST": "1", "TMPDIR": str(work),
-                                PROGRESS_ENV: "off"})  # nobody watches these bars
+                                PROGRESS_ENV: "off", **thread_env(threads)})  # nobody watches these bars
             run = _execute(nb, work, control, env, timeout, total_timeout, limits)
         return run, server.snapshot()
 
 
 def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | None = None,
-                     limits: Limits | None = None) -> list[dict]:
+                     limits: Limits | None = None, threads: int | None = None) -> list[dict]:
     """Execute one submitted notebook and return one row per exercise of its notebook.
 
     ``timeout``: seconds each cell may run; ``total_timeout``: seconds the whole notebook may run
-    (default 6 x ``timeout``); ``limits``: the sandbox's (default: CPU time 2 x ``total_timeout``).
-    Never raises because of the submission's content.
+    (default 6 x ``timeout``); ``limits``: the sandbox's (default: CPU time 2 x ``total_timeout``);
+    ``threads``: torch threads of the kernel (default: the notebook chooses). Never raises because of
+    the submission's content.
     """
     if timeout < 1:
         raise ValueError(f"timeout must be at least 1 second, got {timeout}")
@@ -257,7 +269,7 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
         return [_row(sub, ex.id, 0, ex.points, "duplicate", sub.problem, digest) for ex in exercises]
     try:
         nb = nbformat.reads(sub.path.read_text(encoding="utf-8"), as_version=4)
-        run, results = _run_and_check(nb, exercises, timeout, total_timeout, limits)
+        run, results = _run_and_check(nb, exercises, timeout, total_timeout, limits, threads)
     except Exception as e:  # unreadable notebook or a kernel that would not start
         return [_row(sub, ex.id, 0, ex.points, "error", f"the notebook could not be run: {type(e).__name__}: {e}",
                      digest) for ex in exercises]
@@ -276,26 +288,52 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
 
 def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None = None, layout: str = "folders",
           limits: Limits | None = None, gradebook: Gradebook | None = None,
-          progress: Callable[[str], None] | None = None, stop: threading.Event | None = None) -> list[dict]:
-    """Grade every submission found under ``paths``; with ``gradebook``, skip the unchanged submissions it
-    already holds and write it after each submission. Returns the rows (the gradebook's, when given).
+          progress: Callable[[str], None] | None = None, stop: threading.Event | None = None, jobs: int = 1,
+          threads: int | None = None, shard: Shard | None = None) -> list[dict]:
+    """Grade every submission found under ``paths`` (with ``shard``, only that shard's); with ``gradebook``,
+    skip the unchanged submissions it already holds and write it after each submission (and, with ``shard``,
+    the shard's record beside it). Returns the rows in the gradebook's order (the gradebook's, when given).
 
-    ``stop``: set by a signal handler; the submission being graded then is not recorded, whatever its
-    interrupted run returned, and ``KeyboardInterrupt`` is raised."""
+    ``jobs``: submissions graded at once (each in its own grading process when more than one), each kernel
+    with ``threads`` torch threads; the rows do not depend on either. ``stop``: set by a signal handler; the
+    submission being graded then is not recorded, whatever its interrupted run returned, and
+    ``KeyboardInterrupt`` is raised."""
     if not sys.platform.startswith("linux"):
         raise ValueError("grading needs Linux (the sandbox uses prctl and /proc): run it in a Linux container or VM")
-    rows: list[dict] = []
-    for sub in find_submissions(paths, layout):
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    mine = [sub for sub in find_submissions(paths, layout) if shard is None or shard.holds(sub)]
+    if shard is not None and gradebook is not None:
+        write_record(gradebook.folder, shard, [str(p) for p in paths], layout, mine, complete=False)
+    todo = []
+    for sub in mine:
         if gradebook is not None and sub.path.is_file() and gradebook.graded(str(sub.path), file_digest(sub.path)):
             if progress:
                 progress(f"{sub.path}: unchanged since it was graded, kept")
-            continue
+        else:
+            todo.append(sub)
+    rows: list[dict] = []
+    jobs = min(jobs, len(todo))
+    with ExitStack() as stack:
+        if jobs <= 1:
+            finished = ((sub, grade_submission(sub, timeout, total_timeout, limits, threads))
+                        for sub in _announce(todo, progress))
+        else:
+            finished = stack.enter_context(GradingPool(jobs, timeout, total_timeout, limits, threads)).grade(
+                todo, progress)
+        for sub, new in finished:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
+            rows += new
+            if gradebook is not None:
+                gradebook.replace(str(sub.path), new)
+    if shard is not None and gradebook is not None:
+        write_record(gradebook.folder, shard, [str(p) for p in paths], layout, mine, complete=True)
+    return gradebook.rows if gradebook is not None else in_order(rows)
+
+
+def _announce(subs: list[Submission], progress: Callable[[str], None] | None) -> Iterator[Submission]:
+    for sub in subs:
         if progress:
             progress(f"grading {sub.path} ...")
-        new = grade_submission(sub, timeout, total_timeout, limits)
-        if stop is not None and stop.is_set():
-            raise KeyboardInterrupt
-        rows += new
-        if gradebook is not None:
-            gradebook.replace(str(sub.path), new)
-    return gradebook.rows if gradebook is not None else rows
+        yield sub

@@ -1,5 +1,8 @@
 """The gradebook: ``gradebook.json`` and ``gradebook.csv``, rewritten atomically after every submission.
 
+Its rows are always in one order, the submissions' paths (compared folder by folder), each submission's
+rows in the order of its notebook's exercises: so the gradebook does not depend on the order in which
+submissions finished (one grader or several at once, one run or several, one machine or shards merged).
 Every row carries the SHA-256 of the submission it grades, so a second run with the same ``--out``
 keeps the rows of unchanged submissions instead of grading them again (``--regrade`` grades
 everything). Each file is written to a temporary name in the same folder and renamed over the old
@@ -18,7 +21,8 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["COLUMNS", "GradebookError", "Gradebook", "csv_cell", "file_digest", "totals", "format_gradebook"]
+__all__ = ["COLUMNS", "GradebookError", "Gradebook", "csv_cell", "file_digest", "atomic_write", "read_rows", "in_order",
+           "totals", "format_gradebook"]
 
 COLUMNS = ("student", "notebook", "exercise", "points", "max_points", "status", "feedback", "submission", "sha256")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -39,7 +43,14 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def in_order(rows: list[dict]) -> list[dict]:
+    """``rows`` in the gradebook's order: by submission path, folder by folder (stable: each submission's
+    rows keep their order)."""
+    return sorted(rows, key=lambda r: Path(r["submission"]).parts)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
@@ -50,6 +61,23 @@ def _atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_rows(folder: Path, what: str = "--out") -> list[dict]:
+    """The rows of the gradebook in ``folder`` (none when it has no ``gradebook.json``); ``GradebookError``
+    naming ``what`` (the parameter that gave the folder) when the file is not a gradebook."""
+    path = Path(folder) / "gradebook.json"
+    if not path.exists():
+        return []
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GradebookError(f"{what} {folder}: {path.name} is not a readable gradebook ({e}); "
+                             "move it away or choose another folder") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and set(COLUMNS) <= set(r) for r in rows):
+        raise GradebookError(f"{what} {folder}: {path.name} is not a gradebook of this version "
+                             "(missing columns); move it away or choose another folder (grade --regrade starts over)")
+    return rows
 
 
 class Gradebook:
@@ -66,20 +94,7 @@ class Gradebook:
         except OSError as e:
             raise GradebookError(f"--out {self.folder} cannot be written to ({e.strerror or e})") from None
         self.json_path, self.csv_path = self.folder / "gradebook.json", self.folder / "gradebook.csv"
-        self.rows: list[dict] = [] if regrade else self._load()
-
-    def _load(self) -> list[dict]:
-        if not self.json_path.exists():
-            return []
-        try:
-            rows = json.loads(self.json_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise GradebookError(f"--out {self.folder}: {self.json_path.name} is not a readable gradebook ({e}); "
-                                 "move it away or choose another --out") from None
-        if not isinstance(rows, list) or not all(isinstance(r, dict) and set(COLUMNS) <= set(r) for r in rows):
-            raise GradebookError(f"--out {self.folder}: {self.json_path.name} is not a gradebook of this version "
-                                 "(missing columns); move it away, or pass --regrade to start over")
-        return rows
+        self.rows: list[dict] = [] if regrade else in_order(read_rows(self.folder))
 
     def graded(self, submission: str, digest: str) -> bool:
         """Whether the gradebook already holds rows for this exact submission (same path, same bytes)."""
@@ -87,7 +102,7 @@ class Gradebook:
 
     def replace(self, submission: str, rows: list[dict]) -> None:
         """Put ``rows`` in place of the submission's old rows and write both files."""
-        self.rows = [r for r in self.rows if r["submission"] != submission] + rows
+        self.rows = in_order([r for r in self.rows if r["submission"] != submission] + rows)
         self.write()
 
     def write(self) -> None:
@@ -95,8 +110,8 @@ class Gradebook:
         writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: csv_cell(v) for k, v in r.items()} for r in self.rows)
-        _atomic_write(self.json_path, json.dumps(self.rows, indent=1, ensure_ascii=False) + "\n")
-        _atomic_write(self.csv_path, buffer.getvalue())
+        atomic_write(self.json_path, json.dumps(self.rows, indent=1, ensure_ascii=False) + "\n")
+        atomic_write(self.csv_path, buffer.getvalue())
 
 
 def totals(rows: list[dict]) -> list[dict]:
