@@ -1,4 +1,5 @@
-"""Submissions for the grading tests: copies of a real notebook, trimmed to its exercises (fast to run)."""
+"""Submissions for the grading tests: copies of a real notebook, trimmed to its exercises, or tiny notebooks that
+check one exercise (fast to run); and the processes a test run left behind."""
 
 from __future__ import annotations
 
@@ -40,3 +41,29 @@ def submission(folder: Path, source: Path, replace: dict[str, str] | None = None
     return folder / source.name
 
 
+
+
+GOOD = ("def kv_cache_bytes(n_layers, kv_heads, head_dim, tokens, batch=1, dtype_bytes=2):\n"
+        "    return 2 * n_layers * kv_heads * head_dim * tokens * batch * dtype_bytes\n")
+CHECK = 'kv_cache_bytes = check("01.kv_cache_bytes", kv_cache_bytes, autofill=AUTOFILL)'
+
+
+def tiny(path: Path, *cells: str) -> Path:
+    """A small notebook 01: imports ``check``, then ``cells``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c)
+                                         for c in ("from course.exercises import check", *cells)])
+    nbformat.write(nb, path)
+    return path
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Processes whose environment holds ``mark`` (a test gives its grader a unique variable)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark.encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found

@@ -24,20 +24,9 @@ from course.instructor.grading.gradebook import Gradebook, csv_cell
 from course.instructor.release import BANNER_ID, ReleaseError, release
 from course.instructor.grading.remote import _Handles
 from course.instructor.grading.submissions import UNKNOWN_STUDENT, find_submissions
+from tests.grading_helpers import CHECK, GOOD, marked_processes as _marked_processes, tiny as _tiny
 
 ROOT = Path(__file__).resolve().parents[1]
-GOOD = ("def kv_cache_bytes(n_layers, kv_heads, head_dim, tokens, batch=1, dtype_bytes=2):\n"
-        "    return 2 * n_layers * kv_heads * head_dim * tokens * batch * dtype_bytes\n")
-CHECK = 'kv_cache_bytes = check("01.kv_cache_bytes", kv_cache_bytes, autofill=AUTOFILL)'
-
-
-def _tiny(path: Path, *cells: str) -> Path:
-    """A small notebook 01: imports ``check``, then ``cells``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c)
-                                         for c in ("from course.exercises import check", *cells)])
-    nbformat.write(nb, path)
-    return path
 
 
 # ----------------------------------------------------------------------------- identity
@@ -136,17 +125,6 @@ def test_second_run_keeps_unchanged_submissions(tmp_path, capsys):
     assert [r for r in second if r["student"] == "bob"] == [r for r in first if r["student"] == "bob"]
     kv = {r["student"]: r["status"] for r in second if r["exercise"] == "01.kv_cache_bytes"}
     assert kv == {"alice": "not_done", "bob": "wrong"}
-
-
-def _marked_processes(mark: str) -> list[int]:
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if mark.encode() in environ.read_bytes():
-                found.append(int(environ.parent.name))
-        except OSError:
-            continue
-    return found
 
 
 def test_sigterm_leaves_a_valid_partial_gradebook_and_nothing_else(tmp_path):
