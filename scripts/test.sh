@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (see setup.sh), then run the whole test suite on SmolLM2-135M: every solution notebook executed
+# Set up (see setup.sh) and check an instructor's install in a fresh venv (check-instructor-install.sh), then run
+# the whole test suite on SmolLM2-135M: every solution notebook executed
 # once, top to bottom, in FAST mode into outputs/ (papermill: an error or a failed assertion stops the
 # run); the unit tests, the student copies under nbval (with AUTOFILL) and the browser test of the course
 # site built from outputs/; then every solution notebook again on gpt2-random (GPT-2's architecture and
@@ -9,6 +10,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
+bash scripts/check-instructor-install.sh  # an instructor's install from scratch: grade, release, site (about a minute)
 export COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg COURSE_PROGRESS=text
 # the notebooks draw their figures inline (the site shows them): no MPLBACKEND for their kernels
 env -u MPLBACKEND COURSE_SET_UP=1 bash scripts/run-course.sh --execute --fast

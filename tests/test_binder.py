@@ -72,8 +72,10 @@ def test_postbuild_installs_the_package_and_fetches_the_assets():
     assert re.search(r"""-e\s+["']?\.\[dev\]""", lines[install])
     fetch = next(i for i, ln in enumerate(lines) if ln.endswith("python -m course fetch"))
     assert install < fetch
-    assert set(PYPROJECT["project"]["optional-dependencies"]["dev"]) >= {"jupyterlab>=4.0", "ipykernel>=6.0"}, \
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert set(extras["dev"]) >= {"jupyterlab>=4.0", "attention-sinks-course[instructor]"}, \
         "Binder opens JupyterLab from the dev extra"
+    assert "ipykernel>=6.0" in extras["instructor"], "the kernel comes with the instructor extra, which dev includes"
 
 
 def test_binder_has_no_second_configuration_that_repo2docker_would_ignore():

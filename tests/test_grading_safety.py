@@ -286,3 +286,15 @@ def test_the_supervisor_kills_what_detached_itself(tmp_path):
     if alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, "the detached daemon outlived its supervisor"
+
+
+# ----------------------------------------------------------------------------- the instructor extra
+@pytest.mark.parametrize("argv, missing", [
+    (["grade", "class"], "nbclient"), (["release", "--check"], "nbformat"), (["site"], "nbconvert"),
+    (["check-outputs"], "nbformat"), (["bench", "--notebooks"], "papermill"),
+])
+def test_without_the_instructor_extra_each_tool_says_what_to_install(capsys, monkeypatch, argv, missing):
+    monkeypatch.setitem(sys.modules, missing, None)  # as if it were not installed
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{missing}" in err and 'pip install "attention-sinks-course[instructor]"' in err
