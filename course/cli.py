@@ -399,15 +399,24 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                       help="instead: execute every notebook (papermill) and write a table of wall times")
     what.add_argument("--threads", action="store_true",
                       help="instead: time matmuls of the course's shapes with 1 thread and with every core")
+    what.add_argument("--grading", action="store_true",
+                      help="instead: grade --copies submissions once per --jobs value; submissions per minute, "
+                           "CPU time per submission and a class's projection -> docs/grading.md")
     _model_args(p)
     p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes on a laptop CPU)")
     p.add_argument("--fast", action="store_true", help="with --notebooks: run them in FAST mode")
     p.add_argument("--competing", action="store_true",
                    help="with --notebooks or --threads: measure again next to one CPU-bound process")
     p.add_argument("--notebook-dir", default="notebooks", help="with --notebooks: folder of the notebooks to run")
+    p.add_argument("--copies", type=positive_int, default=8, help="with --grading: submissions per run (default 8)")
+    p.add_argument("--jobs", type=jobs_count, nargs="+", default=None,
+                   help="with --grading: the --jobs values to measure (default: 1 and every core)")
+    p.add_argument("--submission", nargs="+", default=None,
+                   help="with --grading: notebooks the submissions are copies of, in turn (default: notebook "
+                        "01's solution and its student copy)")
     p.add_argument("--report", default=None,
-                   help="with --notebooks or --threads: the markdown file for the table "
-                        "(default docs/notebook-times.md or docs/threads.md)")
+                   help="with --notebooks, --threads or --grading: the markdown file for the table "
+                        "(default docs/notebook-times.md, docs/threads.md or docs/grading.md)")
     p.add_argument("--out", default="bench-results",
                    help="folder for the tables and plots (without --json); with --notebooks, the executed copies")
     p.add_argument("--json", action="store_true", help="print one JSON object with every ratio instead")
@@ -419,8 +428,11 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
         raise ValueError("--fast applies to --notebooks only")
     if args.competing and not (args.notebooks or args.threads):
         raise ValueError("--competing applies to --notebooks or --threads only")
-    if args.report is not None and not (args.notebooks or args.threads):
-        raise ValueError("--report applies to --notebooks or --threads only")
+    if args.report is not None and not (args.notebooks or args.threads or args.grading):
+        raise ValueError("--report applies to --notebooks, --threads or --grading only")
+    for flag, value in (("--jobs", args.jobs), ("--submission", args.submission)):
+        if value is not None and not args.grading:
+            raise ValueError(f"{flag} applies to --grading only")
 
 
 def _bench_notebooks(args: argparse.Namespace) -> dict:
@@ -459,6 +471,36 @@ def _bench_threads(args: argparse.Namespace) -> dict:
     return result | {"report": str(report)}
 
 
+def _bench_grading(args: argparse.Namespace) -> dict:
+    import os
+    import shlex
+    import tempfile
+    from pathlib import Path
+
+    from course.instructor import require
+
+    require("bench --grading", "nbformat", "nbclient", "jupyter_client", "ipykernel")
+    from course.instructor.grading.throughput import grading_report, measure_grading, project_class, write_report
+    from course.instructor.notebook_times import read_times
+    from course.threads import cpu_cores
+
+    submissions = [Path(s) for s in args.submission or ["notebooks/01_kv_cache.ipynb",
+                                                          "notebooks/student/01_kv_cache.ipynb"]]
+    times = read_times(Path("docs/notebook-times.md"))  # read before the long run: the projection needs it
+    jobs = args.jobs or sorted({1, cpu_cores()})
+    with tempfile.TemporaryDirectory(prefix="course-bench-grading-") as work:
+        result = measure_grading(submissions, args.copies, jobs, Path(work), progress=not args.json)
+    projection = project_class(result, times)
+    setting = [f"{k}={os.environ[k]}" for k in ("COURSE_MODEL", "HF_HUB_OFFLINE") if os.environ.get(k)]
+    command = shlex.join([*setting, "python", "-m", "course", "bench", "--grading", "--copies", str(args.copies),
+                          "--jobs", *map(str, jobs)] + (["--submission", *args.submission] if args.submission else []))
+    report = write_report(Path(args.report or "docs/grading.md"), grading_report(result, projection, command))
+    if not args.json:
+        print(grading_report(result, projection, command))
+        print(f"Saved: {report}")
+    return result | {"projection": projection, "report": str(report)}
+
+
 def _bench(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
@@ -469,6 +511,8 @@ def _bench(args: argparse.Namespace) -> dict:
         return _bench_notebooks(args)
     if args.threads:
         return _bench_threads(args)
+    if args.grading:
+        return _bench_grading(args)
     if not args.json:
         check_out_folder(args.out)
     result = run_bench(args.model, args.device, args.quick, progress=not args.json)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from course.threads import competing_process, cpu_cores
 
-__all__ = ["execute_notebook", "time_notebooks", "times_table", "budget_verdict", "write_times"]
+__all__ = ["execute_notebook", "time_notebooks", "times_table", "read_times", "budget_verdict", "write_times"]
 
 
 @contextmanager
@@ -87,6 +88,17 @@ def times_table(rows: list[dict]) -> str:
         lines.append(f"| {r['notebook']} | " + " | ".join(_minutes(r[k]) for k in keys) + " |")
     lines.append("| **all** | " + " | ".join(f"**{_minutes(sum(r[k] for r in rows))}**" for k in keys) + " |")
     return "\n".join(lines)
+
+
+_ROW = re.compile(r"^\| (\d\d_\w+) \| (\d+) min (\d+) s \|", re.M)
+
+
+def read_times(path: Path) -> dict[str, float]:
+    """The first column of a table written by ``write_times`` (quiet wall time, seconds), by notebook."""
+    found = {name: 60 * int(minutes) + int(seconds) for name, minutes, seconds in _ROW.findall(path.read_text())}
+    if not found:
+        raise ValueError(f"{path} has no table of notebook times (write it with `python -m course bench --notebooks`)")
+    return found
 
 
 FAST_BUDGET_S = {"notebook": 180, "all": 900}  # FAST: at most 3 min per notebook and 15 min for all of them
