@@ -209,7 +209,7 @@ def _stream_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--corpus", default="austen", help="austen (default), pg19 or wikitext")
     src.add_argument("--text-file", help="a local UTF-8 text file (only its first --tokens tokens are read)")
     p.add_argument("--book", default=None, help="with --corpus austen: one novel, e.g. pride_and_prejudice")
-    _policy_args(p, ["full", "window", "streaming", "h2o", "random"], "streaming", 1024)  # SnapKV: see `needle`
+    _policy_args(p, ["full", "window", "streaming", "h2o", "h2o-mean", "random"], "streaming", 1024)  # SnapKV: see `needle`
     p.add_argument("--tokens", type=positive_int, default=2048)
     p.add_argument("--passages", type=positive_int, default=None,
                    help="measure over N >= 2 passages of --tokens tokens from all six novels (openings, then "
@@ -289,7 +289,8 @@ def _stream_passages(args: argparse.Namespace, model, tok, policy) -> dict:
     s = spread(ppl)
     out = {"model": model.config.name, "policy": args.policy, "label": policy.label, "positions": policy.position_rule,
            "tokens": args.tokens, "scored_from": start, "seed": args.seed,
-           "ppl": {"mean": s.mean, "median": s.median, "min": s.low, "max": s.high, "ci95_median": list(s.ci)},
+           "ppl": {"mean": s.mean, "median": s.median, "min": s.low, "max": s.high,
+                   "ci95_median": list(s.ci) if s.ci else None},
            "passages": [{"book": p.book, "offset": p.offset, "ppl": v} for p, v in zip(passages, ppl)]}
     if not args.json:
         for p, v in zip(passages, ppl):
@@ -301,7 +302,7 @@ def _stream_passages(args: argparse.Namespace, model, tok, policy) -> dict:
 # ----------------------------------------------------------------------------- needle
 def _needle_args(p: argparse.ArgumentParser) -> None:
     _model_args(p)
-    _policy_args(p, ["full", "window", "streaming", "h2o", "snapkv", "random"], "snapkv", [128])
+    _policy_args(p, ["full", "window", "streaming", "h2o", "h2o-mean", "snapkv", "random"], "snapkv", [128])
     p.add_argument("--depth", type=unit_float, default=0.3, help="where the needle sits, 0 (start) .. 1 (end)")
     p.add_argument("--context", type=positive_int, default=500, help="filler tokens around the needle")
     p.add_argument("--trials", type=positive_int, default=8)
@@ -333,9 +334,13 @@ def _needle(args: argparse.Namespace) -> dict | list:
 # ----------------------------------------------------------------------------- train
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", default="sink-token", choices=["vanilla", "sink-token", "sink-logit", "off-by-one"])
-    p.add_argument("--all-variants", action="store_true", help="train every variant (--variant is then ignored)")
+    p.add_argument("--all-variants", action="store_true",
+                   help="train every variant (--variant is then ignored) and, unless --no-bos, the vanilla model "
+                        "without BOS too (notebook 06 compares them)")
     p.add_argument("--task", default="bigram-backcopy", choices=["bigram-backcopy", "text"])
     p.add_argument("--preset", default="fast", choices=["fast", "full"])
+    p.add_argument("--no-bos", dest="bos", action="store_false",
+                   help="samples begin with content, not with the same start token (BOS) as in the presets")
     p.add_argument("--steps", type=positive_int, default=None, help="override the preset's number of steps")
     p.add_argument("--seed", type=seed_int, default=0, help=f"0 .. {SEED_MAX}")
     p.add_argument("--seeds", type=positive_int, default=None,
@@ -360,15 +365,18 @@ def _train(args: argparse.Namespace) -> dict:
     variants = VARIANTS if args.all_variants else (args.variant,)
     dev = resolve_device(args.device)
     runs = [_train_one(args, variant, seed, dev) for variant in variants for seed in seeds]
+    if args.all_variants and args.bos:  # notebook 06 also compares the vanilla model trained without BOS
+        runs += [_train_one(args, "vanilla", seed, dev, bos=False) for seed in seeds]
     return runs[0] if len(runs) == 1 else {"runs": runs}
 
 
-def _train_one(args: argparse.Namespace, variant: str, seed: int, dev) -> dict:
+def _train_one(args: argparse.Namespace, variant: str, seed: int, dev, bos: bool | None = None) -> dict:
     import torch
 
-    from course.train import make_task, sink_mass_of, train, variant_config, window_losses
+    from course.train import (attention_on_first, make_task, sink_mass_of, train, uniform_first, variant_config,
+                              window_losses)
 
-    overrides = {"task": args.task, "seed": seed}
+    overrides = {"task": args.task, "seed": seed, "bos": args.bos if bos is None else bos}
     if args.steps is not None:
         overrides["steps"] = args.steps
     cfg = variant_config(variant, args.preset, **overrides)
@@ -376,17 +384,24 @@ def _train_one(args: argparse.Namespace, variant: str, seed: int, dev) -> dict:
     held_out = make_task(cfg.task).sample(64, cfg.seq_len, torch.Generator().manual_seed(99_999)).to(dev)
     losses = window_losses(run, held_out, args.windows, [0, 1, 2, 4])
     out = {
-        "variant": cfg.variant, "task": cfg.task, "preset": args.preset, "seed": cfg.seed, "steps": cfg.steps,
+        "variant": cfg.variant, "task": cfg.task, "bos": cfg.bos, "preset": args.preset, "seed": cfg.seed,
+        "steps": cfg.steps,
         "seconds": round(run.seconds, 1), "loaded_from_cache": run.loaded, "final_loss": run.log[-1]["loss"],
-        "sink_mass": sink_mass_of(run, held_out), "full_loss": losses["full"],
+        "sink_mass": sink_mass_of(run, held_out),
+        "attention_on_first": float(attention_on_first(run, held_out).mean()),
+        "uniform_first": uniform_first(run.inputs(held_out).shape[1]), "full_loss": losses["full"],
         "window_loss": {f"W={w}": {str(k): v for k, v in row.items()} for w, row in losses["windows"].items()},
         "run_dir": str(run.path),
     }
     if not args.json:
         where = "the sink logit" if cfg.variant in ("sink-logit", "off-by-one") else "position 0"
-        print(f"{cfg.variant} on {cfg.task}, seed {cfg.seed}: {cfg.steps} steps in {out['seconds']} s"
+        print(f"{cfg.variant} on {cfg.task}{' (samples begin with BOS)' if cfg.bos else ''}, seed {cfg.seed}: "
+              f"{cfg.steps} steps in {out['seconds']} s"
               f"{' (loaded from the cache)' if run.loaded else ''}; final training loss {out['final_loss']:.3f}")
-        print(f"attention on {where}: {out['sink_mass']:.3f};  held-out loss, full attention: {losses['full']:.4f}")
+        if where != "position 0":
+            print(f"attention on {where}: {out['sink_mass']:.3f}")
+        print(f"attention on position 0: {out['attention_on_first']:.3f} (uniform {out['uniform_first']:.3f});  "
+              f"held-out loss, full attention: {losses['full']:.4f}")
         for w, row in losses["windows"].items():
             print(f"  window {w:3d}: " + "  ".join(f"{k} kept: {v:.4f}" for k, v in row.items()))
     return out
@@ -402,6 +417,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     what.add_argument("--grading", action="store_true",
                       help="instead: grade --copies submissions once per --jobs value; submissions per minute, "
                            "CPU time per submission and a class's projection -> docs/grading.md")
+    what.add_argument("--transformers-cache", action="store_true",
+                      help="instead: per-token decode of transformers with the course's StreamingLLM cache vs its "
+                           "plain DynamicCache, and the course's decode vs transformers' -> docs/benchmarks.md")
     _model_args(p)
     p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes on a laptop CPU)")
     p.add_argument("--fast", action="store_true", help="with --notebooks: run them in FAST mode")
@@ -428,8 +446,8 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
         raise ValueError("--fast applies to --notebooks only")
     if args.competing and not (args.notebooks or args.threads):
         raise ValueError("--competing applies to --notebooks or --threads only")
-    if args.report is not None and not (args.notebooks or args.threads or args.grading):
-        raise ValueError("--report applies to --notebooks, --threads or --grading only")
+    if args.report is not None and not (args.notebooks or args.threads or args.grading or args.transformers_cache):
+        raise ValueError("--report applies to --notebooks, --threads, --grading or --transformers-cache only")
     for flag, value in (("--jobs", args.jobs), ("--submission", args.submission)):
         if value is not None and not args.grading:
             raise ValueError(f"{flag} applies to --grading only")
@@ -501,6 +519,26 @@ def _bench_grading(args: argparse.Namespace) -> dict:
     return result | {"projection": projection, "report": str(report)}
 
 
+def _bench_transformers_cache(args: argparse.Namespace) -> dict:
+    import shlex
+    from pathlib import Path
+
+    from course.instructor.transformers_bench import (bench_transformers_cache, transformers_cache_table,
+                                                      write_transformers_cache_report)
+    from course.models import resolve_device
+
+    name = "smollm2-135m" if args.model == "auto" else args.model
+    sizes = dict(context=256, steps=4, reps=3) if args.quick else {}
+    result = bench_transformers_cache(name, str(resolve_device(args.device)), **sizes)
+    command = shlex.join(["python", "-m", "course", "bench", "--transformers-cache"] + (["--quick"] if args.quick else [])
+                         + ([] if args.model in ("auto", "smollm2-135m") else ["--model", args.model]))
+    report = write_transformers_cache_report(result, Path(args.report or "docs/benchmarks.md"), command)
+    if not args.json:
+        print(transformers_cache_table(result, command))
+        print(f"Saved: {report}")
+    return result | {"report": str(report)}
+
+
 def _bench(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
@@ -513,6 +551,8 @@ def _bench(args: argparse.Namespace) -> dict:
         return _bench_threads(args)
     if args.grading:
         return _bench_grading(args)
+    if args.transformers_cache:
+        return _bench_transformers_cache(args)
     if not args.json:
         check_out_folder(args.out)
     result = run_bench(args.model, args.device, args.quick, progress=not args.json)
@@ -524,7 +564,7 @@ def _bench(args: argparse.Namespace) -> dict:
 
 
 # ----------------------------------------------------------------------------- generate and chat
-GENERATION_POLICIES = ["full", "window", "streaming", "h2o", "snapkv", "random"]
+GENERATION_POLICIES = ["full", "window", "streaming", "h2o", "h2o-mean", "snapkv", "random"]
 
 
 def _sampling_args(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
@@ -681,6 +721,9 @@ def _release_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="folder for the student copies (default: <notebooks>/student)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit with an error listing the student copies that are not up to date")
+    p.add_argument("--hide-answers", action="store_true",
+                   help="for graded use: a question's check says only whether the answer is well-formed (the grader "
+                        "decides); write the copies to another folder with --out (the committed ones keep the hints)")
     p.add_argument("--json", action="store_true")
 
 
@@ -702,7 +745,7 @@ def _release(args: argparse.Namespace) -> dict:
         if not args.json:
             print(f"the student copies in {students} are up to date")
         return {"student_dir": str(students), "up_to_date": True}
-    written = release(solutions, students)
+    written = release(solutions, students, hidden_answers=args.hide_answers)
     if not args.json:
         for path in written:
             print(f"wrote {path}")
@@ -880,6 +923,24 @@ def _site(args: argparse.Namespace) -> dict:
     return result
 
 
+# ----------------------------------------------------------------------------- reproductions
+def _reproductions_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="source", default="outputs",
+                   help="folder of executed notebooks (default: ./outputs, written by run-course.sh --execute)")
+    p.add_argument("--out", default="docs/reproductions.md", help="the page to write (default: docs/reproductions.md)")
+    p.add_argument("--json", action="store_true")
+
+
+def _reproductions(args: argparse.Namespace) -> dict:
+    from course.instructor.reproductions import write_reproductions
+
+    result = write_reproductions(args.source, args.out)
+    if not args.json:
+        counts = ", ".join(f"{n} {v}" for v, n in result["verdicts"].items())
+        print(f"{result['rows']} reproduction rows ({counts}) -> {result['out']}")
+    return result
+
+
 COMMANDS: list[Command] = [
     Command("fetch", "download the offline model and corpus into the course cache", _fetch_args, _fetch),
     Command("info", "show device, versions, and which models and corpora are available", _info_args, _info),
@@ -898,6 +959,8 @@ COMMANDS: list[Command] = [
             _gradebook),
     Command("check-outputs", "check executed notebooks for frozen progress bars, widget text, loading messages",
             _check_outputs_args, _check_outputs),
+    Command("reproductions", "the reproduction table (paper vs course, verdicts) from executed notebooks",
+            _reproductions_args, _reproductions),
     Command("site", "build the course site (HTML pages of the executed notebooks, index, benchmarks)", _site_args,
             _site),
 ]

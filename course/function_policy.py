@@ -126,19 +126,22 @@ def streaming_policy(scores: Callable[[Tensor, int, int], Any], budget: int, sin
                           label=f"{ref.label}, functions")
 
 
-def h2o_policy(accumulate: Callable[[Tensor, Tensor], Any], scores: Callable[[Tensor, Tensor, int, int], Any],
-               budget: int, *, model=None, recent: int | None = None) -> FunctionPolicy:
-    """H2O (mean scores) with a given accumulation and score.
+def h2o_policy(accumulate: Callable[[Tensor, Tensor], Any], scores: Callable[..., Any],
+               budget: int, *, model=None, recent: int | None = None, mean: bool = False) -> FunctionPolicy:
+    """H2O (raw sums, or the h2o-mean variant with ``mean=True``) with a given accumulation and score.
 
     accumulate(acc [H_kv, S], weights [H, rows, S]) -> [H_kv, S]: acc plus the attention every slot
     received from the rows' queries (every query of a prompt, then one per decoding step);
-    scores(acc [H_kv, S], positions [H_kv, S], seen, recent) -> [H_kv, S] keep-priority.
-    Budget, recent split and position rule as ``make_policy("h2o", budget, recent=recent, model=model)``.
+    scores(acc [H_kv, S], positions [H_kv, S], seen, recent, mean=...) -> [H_kv, S] keep-priority
+    (``mean`` is passed only when True, so a four-argument function serves the raw rule).
+    Budget, recent split and position rule as ``make_policy("h2o" or "h2o-mean", budget, recent=recent, model=model)``.
     """
-    ref = make_policy("h2o", budget, recent=recent, model=model)
-    return FunctionPolicy(lambda pos, acc, seen: scores(acc, pos, seen, ref.recent), ref.budget,
+    name = "h2o-mean" if mean else "h2o"
+    ref = make_policy(name, budget, recent=recent, model=model)
+    extra = {"mean": True} if mean else {}
+    return FunctionPolicy(lambda pos, acc, seen: scores(acc, pos, seen, ref.recent, **extra), ref.budget,
                           observe=lambda acc, w, pos, seen: accumulate(acc, w), rows=lambda n: n,
-                          positions=ref.position_rule, name="h2o", label=f"{ref.label}, functions")
+                          positions=ref.position_rule, name=name, label=f"{ref.label}, functions")
 
 
 def snapkv_policy(select: Callable[[Tensor, int, int, str, int], Any], budget: int, *, model=None,

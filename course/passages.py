@@ -2,7 +2,7 @@
 
     passages = sample_passages(tokenizer, 8, 512)              # the novels' openings, then mid-text passages
     ppl = stream_passages(model, passages, {"window": make_policy("window", 64, model=model), ...}, start=64)
-    print(spread(ppl["window"]))                                # mean, median, range, bootstrap interval
+    print(spread(ppl["window"]))                                # median, mean, range (an interval from 8 on)
 
 Passages are drawn reproducibly (a seed) from all six Austen novels: first the openings of some novels
 (half the passages by default), then passages that begin at a paragraph start at random places inside
@@ -27,7 +27,7 @@ from course.models.base import CausalLM
 from course.policies import Policy
 from course.streaming import evaluate_stream
 
-__all__ = ["Passage", "Spread", "passage_batch", "sample_passages", "spread", "stream_passages"]
+__all__ = ["MIN_FOR_INTERVAL", "Passage", "Spread", "passage_batch", "sample_passages", "spread", "stream_passages"]
 
 CHARS_PER_TOKEN = 8  # generous: English prose takes about 4 characters per token in these tokenizers
 
@@ -45,21 +45,28 @@ class Passage:
         return f"{self.book.replace('_', ' ')}, {'opening' if self.offset == 0 else f'from character {self.offset:,}'}"
 
 
+MIN_FOR_INTERVAL = 8  # a bootstrap interval of the median from fewer values mostly restates the range
+
+
 @dataclass(frozen=True)
 class Spread:
-    """How a metric varies over passages: its values and their summary (``ci``: a bootstrap 95 % interval
-    of the median)."""
+    """How a metric varies over passages: its values and their summary. ``ci``: a bootstrap 95 % interval of
+    the median when there are at least ``MIN_FOR_INTERVAL`` values, else None (the values themselves are shown)."""
 
     values: tuple[float, ...]
     mean: float
     median: float
     low: float
     high: float
-    ci: tuple[float, float]
+    ci: tuple[float, float] | None
 
     def __str__(self) -> str:
-        return (f"median {self.median:.3g} (95% CI {self.ci[0]:.3g}-{self.ci[1]:.3g}), mean {self.mean:.3g}, "
-                f"range {self.low:.3g}-{self.high:.3g} over {len(self.values)} passages")
+        n = len(self.values)
+        if self.ci is not None:
+            return (f"median {self.median:.3g} (95% CI {self.ci[0]:.3g}-{self.ci[1]:.3g}), mean {self.mean:.3g}, "
+                    f"range {self.low:.3g}-{self.high:.3g} over {n} passages")
+        return (f"median {self.median:.3g}, mean {self.mean:.3g}, values {', '.join(f'{v:.3g}' for v in self.values)} "
+                f"over {n} passages (too few for an interval: n < {MIN_FOR_INTERVAL})")
 
     def share(self, holds) -> float:
         """Share of the passages whose value satisfies ``holds(value)``."""
@@ -67,13 +74,15 @@ class Spread:
 
 
 def spread(values, seed: int = 0, resamples: int = 2000) -> Spread:
-    """Summary of a metric over passages (at least two values)."""
+    """Summary of a metric over passages (at least two values; an interval from ``MIN_FOR_INTERVAL`` on)."""
     values = tuple(float(v) for v in values)
     if len(values) < 2 or not all(math.isfinite(v) for v in values):
         raise ValueError(f"spread needs at least two finite values, got {values}")
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
-    ci = (medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1])
+    ci = None
+    if len(values) >= MIN_FOR_INTERVAL:
+        rng = random.Random(seed)
+        medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+        ci = (medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1])
     return Spread(values, statistics.fmean(values), statistics.median(values), min(values), max(values), ci)
 
 

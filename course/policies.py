@@ -245,24 +245,25 @@ class StreamingLLM(PinSinks):
 
 
 class H2O(Policy):
-    """Zhang et al. 2023, Heavy-Hitter Oracle: keep the tokens that received the most attention.
+    """Zhang et al. 2023 (arXiv 2306.14048), Heavy-Hitter Oracle: keep the tokens that received the most attention.
 
-    Every KV head accumulates the attention each cached key has received, averaged over the
-    query heads of its GQA group. Raw sums favour old tokens (they were seen by more queries),
-    so by default the score is the *mean* attention per query that could see the key:
-    ``score = accumulated / (tokens seen since the key arrived)``; ``normalize=False`` gives the
-    original paper's raw sums. The ``recent`` newest
-    tokens are kept before any heavy hitter; budget = heavy + recent slots per KV head.
+    Every KV head accumulates the attention each cached key has received, summed over the queries and
+    averaged over the query heads of its GQA group. The paper (and its reference code, whose
+    ``_update_hh_score`` adds each step's attention to a running score) ranks keys by these **raw sums**,
+    the default here (``make_policy("h2o")``). Raw sums favour old tokens: key ``j`` has been seen by
+    ``seen - j`` queries, the newest key by one. ``normalize=True`` is the variant ``"h2o-mean"``, which
+    divides by that count (mean attention per query that could see the key), as NVIDIA kvpress's
+    ObservedAttentionPress does. The ``recent`` newest tokens are kept before any heavy hitter;
+    budget = heavy + recent slots per KV head.
     """
 
-    name = "h2o"
-
-    def __init__(self, heavy: int, recent: int, positions: PositionRule = "original", normalize: bool = True) -> None:
+    def __init__(self, heavy: int, recent: int, positions: PositionRule = "original", normalize: bool = False) -> None:
         self.heavy = _check_int("heavy", heavy, 0)
         self.recent = _check_int("recent", recent, 0)
         self.budget = _check_int("heavy + recent", heavy + recent, 1)
         self.position_rule = _check_rule(positions)
         self.normalize = bool(normalize)
+        self.name = "h2o-mean" if self.normalize else "h2o"
 
     def attention_rows(self, n_queries: int) -> int:
         return n_queries
@@ -279,7 +280,7 @@ class H2O(Policy):
 
     @property
     def label(self) -> str:
-        return f"h2o({self.heavy}+{self.recent}{'' if self.normalize else ', raw sums'})"
+        return f"{self.name}({self.heavy}+{self.recent})"
 
 
 class SnapKV(Policy):
@@ -367,7 +368,7 @@ class RandomEviction(Policy):
         return f"random({self.budget})"
 
 
-POLICY_NAMES = ("full", "window", "streaming", "h2o", "snapkv", "random")
+POLICY_NAMES = ("full", "window", "streaming", "h2o", "h2o-mean", "snapkv", "random")
 
 
 def _no_reassignment(what: str, config) -> str:
@@ -382,7 +383,7 @@ def _no_reassignment(what: str, config) -> str:
 def make_policy(
     name: str, budget: int | None = None, *, sinks: int | None = None, model=None, recent: int | None = None,
     obs_window: int = 8, kernel: int = 7, pooling: Literal["avg", "max"] = "max",
-    positions: PositionRule | None = None, normalize: bool = True, seed: int = 0,
+    positions: PositionRule | None = None, seed: int = 0,
 ) -> Policy:
     """The one way the course builds a policy: a name and a total budget (slots per KV head, sinks included).
 
@@ -392,7 +393,9 @@ def make_policy(
       the cache rule for StreamingLLM where positions can be re-assigned (RoPE), original positions
       everywhere else, and refuses ``positions='cache'`` where they cannot (GPT-2).
     * H2O splits its budget into ``budget - recent`` heavy hitters and ``recent`` recent tokens,
-      ``recent = budget // 2`` unless given; ``normalize`` picks mean (default) or raw accumulated scores.
+      ``recent = budget // 2`` unless given. ``"h2o"`` ranks keys by their raw accumulated attention (the
+      paper's rule); ``"h2o-mean"`` divides it by the number of queries that saw each key (a variant, as in
+      kvpress's ObservedAttentionPress).
     * SnapKV: ``obs_window`` (at most budget - 1), ``kernel``, ``pooling``.
     """
     if name not in POLICY_NAMES:
@@ -416,11 +419,11 @@ def make_policy(
     rule: PositionRule = positions or "original"
     if name == "window":
         base: Policy = SlidingWindow(budget, rule)
-    elif name == "h2o":
+    elif name in ("h2o", "h2o-mean"):
         r = budget // 2 if recent is None else _check_int("recent", recent, 0)
         if r > budget:
             raise ValueError(f"recent must be at most the budget ({budget}), got {r}")
-        base = H2O(budget - r, r, rule, normalize)
+        base = H2O(budget - r, r, rule, normalize=name == "h2o-mean")
     elif name == "snapkv":
         base = SnapKV(budget, min(obs_window, budget - 1), kernel, pooling, rule)
     else:

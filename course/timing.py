@@ -12,7 +12,7 @@ from course.models.base import CausalLM
 from course.policies import H2O, Policy, make_policy
 
 __all__ = ["median_seconds", "alternate", "decode_cost_vs_context", "streaming_vs_recompute", "bench_policies",
-           "synchronize", "count_flops"]
+           "BENCH_POLICIES", "synchronize", "count_flops"]
 
 
 def synchronize(device: torch.device | None) -> None:
@@ -141,9 +141,14 @@ def _fill(model: CausalLM, policy: Policy, slots: int, seen: int):
     return cache
 
 
+BENCH_POLICIES = ("full", "window", "streaming", "h2o", "snapkv")
+
+
 @torch.inference_mode()
-def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budget: int, steps: int, reps: int) -> dict:
-    """Per-token decode time (ms) and cache bytes after ``t`` streamed tokens, for every policy.
+def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budget: int, steps: int, reps: int,
+                   names: tuple[str, ...] = BENCH_POLICIES) -> dict:
+    """Per-token decode time (ms) and cache bytes after ``t`` streamed tokens, for every policy in ``names``
+    (``BENCH_POLICIES`` by default: full, window, streaming, h2o and snapkv; ``h2o-mean`` may be added).
 
     SnapKV compresses a prompt once and never evicts while decoding: here the prompt is the first
     ``lengths[0]`` tokens, compressed to ``budget`` slots, and its cache then grows by one slot a
@@ -151,14 +156,18 @@ def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budge
     like StreamingLLM; H2O's at the longest stream (both always hold ``budget``)."""
     if list(lengths) != sorted(lengths) or lengths[0] < budget:
         raise ValueError(f"lengths must be increasing and start at >= budget ({budget}), got {lengths}")
+    unknown = [n for n in names if n not in (*BENCH_POLICIES, "h2o-mean")]
+    if unknown or not {"streaming", "h2o", "snapkv"} <= set(names):  # the overheads below compare these
+        raise ValueError(f"names must include streaming, h2o and snapkv and may add full, window and h2o-mean; "
+                         f"got {names}")
     policies = {name: (lambda name=name: make_policy(name, budget, model=model))  # SnapKV compresses the prompt;
-                for name in ("full", "window", "streaming", "h2o", "snapkv")}  # its cache then grows while decoding
+                for name in names}  # its cache then grows while decoding
     prompt = lengths[0]  # SnapKV: this prompt compressed to the budget, then decoding
     rows: dict[str, dict[str, list]] = {name: {"tokens": [], "ms_per_token": [], "cache_bytes": []} for name in policies}
     for t in lengths:
         occupancy = {
             "full": t, "window": min(t, budget), "streaming": min(t, budget), "h2o": min(t, budget),
-            "snapkv": budget + (t - prompt),
+            "h2o-mean": min(t, budget), "snapkv": budget + (t - prompt),
         }
         fns, sizes = {}, {}
         for name, make in policies.items():

@@ -52,8 +52,9 @@ from course.streaming import exact_stream
 
 __all__ = [
     "TrainConfig", "TrainRun", "BigramBackcopy", "TextBytes", "PRESETS", "VARIANTS", "train", "sink_mass_of",
-    "window_losses", "copy_head_profile", "make_task", "prepend_sink", "lm_loss", "variant_config", "attention_on_sink",
-    "MIN_SEEDS", "seed_list", "train_seeds", "over_seeds",
+    "window_losses", "copy_head_profile", "attention_on_first", "uniform_first", "make_task", "prepend_sink",
+    "lm_loss", "variant_config", "attention_on_sink",
+    "MIN_SEEDS", "seed_list", "train_seeds", "over_seeds", "THRESHOLDS", "TABLE3", "table3_excess", "verdict",
 ]
 
 Variant = Literal["vanilla", "sink-token", "sink-logit", "off-by-one"]
@@ -83,6 +84,7 @@ class TrainConfig:
     family: Literal["gpt2", "llama"] = "gpt2"
     seed: int = 0
     log_every: int = 50
+    bos: bool = False  # every sample begins with the same start token (a tokenizer's BOS), as input only
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -102,19 +104,29 @@ class TrainConfig:
             raise ValueError(f"seq_len must be >= 8, got {self.seq_len}")
         if not 0 < self.lr < 1:
             raise ValueError(f"lr must be in (0, 1), got {self.lr}")
+        if not isinstance(self.bos, bool):
+            raise ValueError(f"bos must be True or False, got {self.bos!r}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
 
     @property
     def run_name(self) -> str:
-        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
-        return f"{self.task}-{self.variant}-seed{self.seed}-{digest}"
+        fields = asdict(self)
+        if not self.bos:  # runs stored before the option existed keep their names
+            del fields["bos"]
+        digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+        return f"{self.task}-{'bos-' if self.bos else ''}{self.variant}-seed{self.seed}-{digest}"
+
+    @property
+    def n_prefix(self) -> int:
+        """Input tokens in front of the content that are never prediction targets: [SINK] and/or BOS."""
+        return int(self.variant == "sink-token") + int(self.bos)
 
 
 PRESETS = {
-    # fast: 2 layers, 32-token samples, 600 steps (about 20 s per model on two CPU cores)
-    "fast": {"steps": 600, "n_layer": 2, "seq_len": 32, "warmup": 50},
-    "full": {"steps": 4000},
+    # fast: 2 layers, 32-token samples, 600 steps (about 40 s per model on two CPU cores)
+    "fast": {"steps": 600, "n_layer": 2, "seq_len": 32, "warmup": 50, "bos": True},
+    "full": {"steps": 4000, "bos": True},
 }
 MIN_SEEDS = 3  # every training result is reported over at least this many seeds
 
@@ -200,10 +212,11 @@ def lm_loss(logits: Tensor, inputs: Tensor, n_prefix: int) -> Tensor:
 
 # ----------------------------------------------------------------------------- model and run
 def model_config(cfg: TrainConfig, vocab: int) -> ModelConfig:
+    """The model of a run: ``vocab`` content tokens, then the sink token's id, then (with ``bos``) the BOS id."""
     sink_logit = {"sink-logit": "learned", "off-by-one": "zero"}.get(cfg.variant, "none")
     return ModelConfig(
-        family=cfg.family, vocab_size=vocab + 1, n_layer=cfg.n_layer, n_head=cfg.n_head, n_kv_head=cfg.n_head,
-        d_model=cfg.d_model, head_dim=cfg.d_model // cfg.n_head, d_ff=cfg.d_ff, max_positions=4 * (cfg.seq_len + 1),
+        family=cfg.family, vocab_size=vocab + 1 + int(cfg.bos), n_layer=cfg.n_layer, n_head=cfg.n_head, n_kv_head=cfg.n_head,
+        d_model=cfg.d_model, head_dim=cfg.d_model // cfg.n_head, d_ff=cfg.d_ff, max_positions=4 * (cfg.seq_len + 1 + int(cfg.bos)),
         rope_theta=10000.0, tie_embeddings=True, sink_logit=sink_logit, qkv_bias=cfg.qkv_bias, name=f"tiny-{cfg.variant}",
     )
 
@@ -221,15 +234,21 @@ class TrainRun:
 
     @property
     def n_prefix(self) -> int:
-        return 1 if self.config.variant == "sink-token" else 0
+        return self.config.n_prefix
 
     @property
     def sink_id(self) -> int:
-        return self.model.config.vocab_size - 1
+        return self.model.config.vocab_size - 1 - int(self.config.bos)
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.model.config.vocab_size - 1 if self.config.bos else None
 
     def inputs(self, x: Tensor) -> Tensor:
-        """Model inputs for content tokens x [B, T]: the sink token prepended for that variant."""
-        return prepend_sink(x, self.sink_id) if self.n_prefix else x
+        """Model inputs for content tokens x [B, T]: [SINK] (that variant), then BOS (``bos``), then x."""
+        if self.config.bos:
+            x = prepend_sink(x, self.bos_id)
+        return prepend_sink(x, self.sink_id) if self.config.variant == "sink-token" else x
 
 
 def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -353,6 +372,24 @@ def attention_on_sink(run: TrainRun, x: Tensor, skip: int = 4) -> Tensor:
     return torch.stack(rows)
 
 
+@torch.inference_mode()
+def attention_on_first(run: TrainRun, x: Tensor, skip: int = 4) -> Tensor:
+    """Attention weight each (layer, head) puts on input position 0, whatever the variant: [layers, heads].
+
+    Position 0 is the sink token, the BOS token or the first content token. Queries before ``skip``
+    are left out (compare with ``uniform_first(run.inputs(x).shape[1], skip)``)."""
+    out = run.model(run.inputs(x), output_attentions=True)
+    return torch.stack([w[:, :, skip:, 0].mean(dim=(0, 2)) for w in out.attentions])
+
+
+def uniform_first(n_tokens: int, skip: int = 4) -> float:
+    """The weight on position 0 if every query from ``skip`` to ``n_tokens - 1`` attended uniformly
+    to the keys it may see (query q sees q + 1 keys), averaged over those queries."""
+    if not 0 <= skip < n_tokens:
+        raise ValueError(f"skip must be in [0, n_tokens), got skip={skip}, n_tokens={n_tokens}")
+    return sum(1 / (q + 1) for q in range(skip, n_tokens)) / (n_tokens - skip)
+
+
 def sink_mass_of(run: TrainRun, x: Tensor) -> float:
     """Mean over layers and heads of ``attention_on_sink``."""
     return float(attention_on_sink(run, x).mean())
@@ -452,3 +489,47 @@ def over_seeds(values, fmt: str = ".3f") -> str:
     s = spread(values)
     return (f"median {s.median:{fmt}}, mean {s.mean:{fmt}}, range {s.low:{fmt}} to {s.high:{fmt}} "
             f"over {len(s.values)} seeds")
+
+
+# ----------------------------------------------------------------------------- Table 3 and the thresholds
+THRESHOLDS = {
+    "T1": 0.05,  # a sink that matters: excess loss with 0 kept first tokens >= 0.05 nats (~5 % perplexity)
+    "T2": 0.01,  # a fix works: excess loss with k kept first tokens <= 0.01 nats (~1 % perplexity)
+    "T3": 0.02,  # needs more than one: excess(1 kept) - excess(4 kept) >= 0.02 nats
+    "T4": 4.0,   # a sink formed: attention on position 0 >= 4 x what uniform attention would give it
+}
+
+# StreamingLLM (Xiao et al., arXiv 2309.17453), Table 3: perplexity of three 160M models pretrained from
+# scratch (section 3.3) with a cache of 0+1024, 1+1023, 2+1022, 4+1020 (kept first tokens + recent tokens).
+TABLE3 = {
+    "vanilla": {0: 27.87, 1: 18.49, 2: 18.05, 4: 18.05},
+    "off-by-one": {0: 29214.0, 1: 19.90, 2: 18.27, 4: 18.01},  # the paper's "zero sink" (Miller 2023)
+    "sink-token": {0: 1235.0, 1: 18.01, 2: 18.01, 4: 18.02},
+}
+
+
+def table3_excess(variant: str, kept: int) -> float | None:
+    """Table 3 in this notebook's units: ln(PPL with ``kept`` first tokens / PPL with 4 kept), in nats.
+
+    The paper reports no full-attention perplexity for these models, so its 4+1020 column is the
+    reference. None for a variant the paper did not train (the learned sink logit)."""
+    if variant not in TABLE3:
+        return None
+    if kept not in TABLE3[variant]:
+        raise ValueError(f"kept must be one of {sorted(TABLE3[variant])}, got {kept!r}")
+    return math.log(TABLE3[variant][kept] / TABLE3[variant][4])
+
+
+def verdict(ours: list[bool], paper: bool | None) -> str:
+    """Does a threshold's outcome in our seeds agree with the paper's?
+
+    ``ours``: whether it held, per seed; ``paper``: whether it holds for the paper's model (None: the
+    paper has no such model). "reproduced" when every seed agrees, "partly" when some do, "not at this
+    scale" when none does; without a paper row, how many seeds it held in."""
+    if not ours:
+        raise ValueError("ours must hold one outcome per seed, got none")
+    held = sum(bool(o) for o in ours)
+    if paper is None:
+        return f"held in {held}/{len(ours)} seeds (not in the paper)"
+    agree = held if paper else len(ours) - held
+    return "reproduced" if agree == len(ours) else ("partly" if agree else "not at this scale")

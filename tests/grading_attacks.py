@@ -14,7 +14,7 @@ from tests.grading_helpers import NOTEBOOKS, submission
 SOLUTION = NOTEBOOKS / "01_kv_cache.ipynb"
 BLANK = NOTEBOOKS / "student" / "01_kv_cache.ipynb"
 EXERCISES = ("01.attention_step", "01.kv_cache_bytes", "01.generate_greedy")  # the ones the attacks aim at
-POINTS = 8  # notebook 01 in all: 4 exercises and 4 questions, a point each
+POINTS = 11  # notebook 01 in all: 4 exercises and 4 questions, a point each, and the build exercise (3 points)
 
 # Replaces the grading functions in the kernel before any check runs (the exercises are not done).
 PATCH_THE_CHECKER = """

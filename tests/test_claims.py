@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from course.claims import RECORDED, ClaimFailed, claim
+from course.claims import RECORDED, ClaimFailed, claim, report
 
 from .conftest import tiny_config
 
@@ -22,6 +22,17 @@ def test_a_claim_is_recorded_on_a_random_model(capsys):
     assert claim(False, "the first token is a sink", untrained) is False
     assert RECORDED[before:] == [type(RECORDED[before])("the first token is a sink", False, "gpt2-random")]
     assert "claim recorded, not asserted] the first token is a sink -- does not hold" in capsys.readouterr().out
+
+
+def test_a_report_prints_the_verdict_with_the_numbers_and_never_raises(capsys):
+    trained = tiny_config("gpt2")
+    before = len(RECORDED)
+    assert report(False, "H2O at 20% stays within 15% of dense", trained, "median ratio 1.31") is False
+    assert report(True, "the sink is kept", trained, "30 of 30 heads") is True
+    out = capsys.readouterr().out
+    assert "within 15% of dense -- not reproduced at this scale (median ratio 1.31)" in out
+    assert "the sink is kept -- reproduced (30 of 30 heads)" in out
+    assert [c.held for c in RECORDED[before:]] == [False, True]
 
 
 def test_first_token_ablation_zeroes_the_value_and_hides_the_key(family):

@@ -59,7 +59,7 @@ def _contenders(model) -> dict:
     from course.policies import POLICY_NAMES, make_policy
 
     out = {name: make_policy(name, 12, model=model) if name != "full" else make_policy("full") for name in POLICY_NAMES}
-    out["h2o raw, 2 pinned"] = make_policy("h2o", 12, sinks=2, normalize=False, model=model)
+    out["h2o-mean, 2 pinned"] = make_policy("h2o-mean", 12, sinks=2, model=model)
     out["snapkv avg"] = make_policy("snapkv", 12, obs_window=4, pooling="avg", model=model)
     return out
 

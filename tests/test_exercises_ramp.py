@@ -1,4 +1,4 @@
-"""The exercises of the ramp (bytes beyond GQA, gradient clipping, a policy of one's own, a written conclusion)
+"""The exercises of the ramp (bytes beyond GQA, attention with a sink logit, a policy of one's own, a written conclusion)
 and the checked questions: every checker accepts its reference and rejects realistic wrong versions with the
 right hint; the pieces of the course they rest on (``course.memory``, ``score_policy``) are exact."""
 
@@ -17,6 +17,7 @@ from course.evaluate import continuation_nll
 from course.exercises import REGISTRY
 from course.exercises.core import result_of
 from course.exercises.fixtures import tiny_model
+from course.exercises.nb06 import softmax_with_sink
 from course.exercises.questions import QUESTIONS, normalise_choice
 from course.memory import CONFIGS, cache_numbers_per_token, kv_bytes_per_token
 from course.function_policy import score_policy
@@ -53,18 +54,39 @@ def _scale_without_zero_point(config, bits=16, group_size=None):
     return numbers * bits // 8 + (numbers // group_size * 2 if bits < 16 else 0)
 
 
-def _clip_each(grads, max_norm):
-    return [g * min(1.0, max_norm / (float(g.norm()) + 1e-6)) for g in grads]
+def _sink_scores(q, k):
+    return q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
 
 
-def _clip_always(grads, max_norm):
-    norm = float(torch.sqrt(sum((g ** 2).sum() for g in grads)))
-    return [g * max_norm / (norm + 1e-6) for g in grads]
+def _future(t):
+    return torch.ones(t, t, dtype=torch.bool).triu(1)
 
 
-def _clip_sum_of_norms(grads, max_norm):
-    norm = sum(float(g.norm()) for g in grads)
-    return [g * min(1.0, max_norm / (norm + 1e-6)) for g in grads]
+def _attention_no_sink(q, k, v, sink_logit):  # a plain causal softmax: the empty slot forgotten
+    return torch.softmax(_sink_scores(q, k).masked_fill(_future(q.shape[1]), -math.inf), -1) @ v
+
+
+def _attention_sees_the_future(q, k, v, sink_logit):
+    return softmax_with_sink(_sink_scores(q, k), sink_logit) @ v
+
+
+def _attention_masks_after_softmax(q, k, v, sink_logit):
+    return (softmax_with_sink(_sink_scores(q, k), sink_logit) * ~_future(q.shape[1])) @ v
+
+
+def _attention_unscaled(q, k, v, sink_logit):
+    return softmax_with_sink((q @ k.transpose(-1, -2)).masked_fill(_future(q.shape[1]), -math.inf), sink_logit) @ v
+
+
+def _attention_sink_as_first_value(q, k, v, sink_logit):  # the slot's weight spent on token 0's value
+    scores = _sink_scores(q, k).masked_fill(_future(q.shape[1]), -math.inf)
+    extra = sink_logit[:, None, None].expand(*scores.shape[:2], 1)
+    return torch.softmax(torch.cat([scores, extra], -1), -1) @ torch.cat([v, v[:, :1]], 1)
+
+
+def _attention_bias_on_scores(q, k, v, sink_logit):  # b added to every score: the softmax cancels it
+    scores = _sink_scores(q, k) + sink_logit[:, None, None]
+    return torch.softmax(scores.masked_fill(_future(q.shape[1]), -math.inf), -1) @ v
 
 
 def _recency_by_slot(positions, attention, seen, budget):  # slot index as age: wrong once slots are reused
@@ -92,11 +114,15 @@ WRONG_RAMP: dict[str, list[tuple[Callable, str]]] = {
         (_query_heads, "not per query head"),
         (_scale_without_zero_point, "a scale AND a zero point"),
     ],
-    "06.clip_gradients": [
-        (_clip_each, "ONE norm over all the gradients"),
-        (_clip_always, "never scale them up"),
-        (_clip_sum_of_norms, "not the sum of the norms"),
-        (lambda grads, max_norm: grads[0], "one clipped gradient per parameter"),
+    "06.attention_with_sink": [
+        (_attention_no_sink, "the empty slot is missing from the softmax"),
+        (_attention_bias_on_scores, "the empty slot is missing from the softmax"),
+        (_attention_sees_the_future, "may not see the future"),
+        (_attention_masks_after_softmax, "before the softmax (scores -inf), not after"),
+        (_attention_unscaled, "1/sqrt(d)"),
+        (_attention_sink_as_first_value, "the empty slot has no value"),
+        (lambda q, k, v, sink_logit: v, "the output differs from the course's attention"),
+        (lambda q, k, v, sink_logit: v[0], "shape [H, T, d]"),
     ],
     "07.my_policy": [
         (_recency_by_slot, "slot index"),
@@ -193,7 +219,7 @@ def test_hints_never_give_the_answer(question):
 
 def test_answers_are_read_leniently_but_only_as_answers():
     choice = REGISTRY["02.q_why_collapse"]
-    for spelled in ("b", "B", " (b) ", "b)"):
+    for spelled in ("d", "D", " (d) ", "d)"):
         assert result_of(choice, _answer(spelled)) == ("pass", "correct"), spelled
     for bad in ("z", "bc", 2, None):
         status, feedback = result_of(choice, _answer(bad))
@@ -250,8 +276,7 @@ def test_a_score_function_runs_exactly_like_the_policy_it_imitates():
         return positions.float()
 
     def h2o(positions, attention, seen, budget, recent=4):
-        return torch.where(positions >= seen - recent, PROTECTED + positions,
-                           attention / (seen - positions).clamp(min=1).float())
+        return torch.where(positions >= seen - recent, PROTECTED + positions, attention)  # the paper's raw sums
 
     pairs = [(score_policy(window, 8), SlidingWindow(8)), (score_policy(h2o, 8), H2O(4, 4))]
     for mine, theirs in pairs:

@@ -122,7 +122,8 @@ def test_make_policy_with_a_model_never_yields_a_policy_its_cache_refuses(family
 
 def test_make_policy_splits_and_defaults_in_one_place():
     assert make_policy("h2o", 11).label == "h2o(6+5)"  # heavy = budget - budget // 2, recent = budget // 2
-    assert make_policy("h2o", 11, recent=3, normalize=False).label == "h2o(8+3, raw sums)"
+    assert make_policy("h2o-mean", 11, recent=3).label == "h2o-mean(8+3)"
+    assert not make_policy("h2o", 11).normalize and make_policy("h2o-mean", 11).normalize  # the paper's raw sums
     assert make_policy("streaming", 64).label == "streaming(4+60)"
     assert make_policy("streaming", 64, sinks=0).label == "streaming(0+64)"
     assert make_policy("window", 64, sinks=2).label == "window(64)+2 sinks"
@@ -143,7 +144,7 @@ def test_policies_do_not_import_the_cache_at_run_time():
     lambda: SnapKV(8, obs_window=8), lambda: SnapKV(16, kernel=4), lambda: SnapKV(16, pooling="median"),
     lambda: PinSinks(SlidingWindow(4), 4), lambda: SlidingWindow(8, positions="absolute"),
     lambda: make_policy("lru", 10), lambda: make_policy("window"), lambda: make_policy("streaming", 4),
-    lambda: make_policy("h2o", 8, recent=9), lambda: make_policy("window", 8, positions="absolute"),
+    lambda: make_policy("h2o", 8, recent=9), lambda: make_policy("h2o-mean", 8, recent=9), lambda: make_policy("window", 8, positions="absolute"),
 ])
 def test_bad_policy_parameters_are_refused(bad):
     with pytest.raises(ValueError, match="must|one of|needs|exceed"):
@@ -157,7 +158,7 @@ def test_gqa_group_mean_hand_computed():
     assert torch.allclose(group_mean(w, 2), torch.tensor([[[0.5, 0.5], [0.4, 0.6]]]))
 
 
-def test_h2o_accumulates_mean_attention_per_kv_head():
+def test_h2o_accumulates_attention_per_kv_head_raw_and_mean():
     layer = LayerCache(torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 4, 3), torch.full((1, 2, 4), -1))
     layer.append(torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 3, 3), torch.tensor([[0, 1, 2]]))
     policy = H2O(heavy=2, recent=0)
@@ -172,8 +173,24 @@ def test_h2o_accumulates_mean_attention_per_kv_head():
     acc = layer.stat("attention")
     assert torch.allclose(acc[0, 0], torch.tensor([1 + 0.5 + 0.5, 0.5 + 0.2, 0.3]))
     assert torch.allclose(acc[0, 1], torch.tensor([1.5, 0.5, 1.0]))
-    # normalised by how many queries could see each key (3, 2, 1 after 3 tokens)
-    assert torch.allclose(policy.scores(layer, seen=3)[0, 0], torch.tensor([2.0 / 3, 0.7 / 2, 0.3]))
+    # H2O (the paper's rule): the raw sums
+    assert torch.allclose(policy.scores(layer, seen=3)[0, 0], torch.tensor([2.0, 0.7, 0.3]))
+    # h2o-mean: normalised by how many queries could see each key (3, 2, 1 after 3 tokens)
+    mean = H2O(heavy=2, recent=0, normalize=True)
+    assert torch.allclose(mean.scores(layer, seen=3)[0, 0], torch.tensor([2.0 / 3, 0.7 / 2, 0.3]))
+
+
+def test_raw_and_mean_h2o_evict_different_tokens():
+    """Key 0 was seen by 8 queries, each giving it 0.1 (sum 0.8); key 6 by 2 queries giving 0.3 each
+    (sum 0.6). Raw sums keep the old key and evict key 6; the mean rule (0.1 vs 0.3) does the opposite."""
+    layer = LayerCache(torch.zeros(1, 1, 8, 2), torch.zeros(1, 1, 8, 2), torch.full((1, 1, 8), -1))
+    layer.append(torch.zeros(1, 1, 8, 2), torch.zeros(1, 1, 8, 2), torch.arange(8)[None])
+    acc = layer.stat("attention")
+    acc[0, 0] = torch.tensor([0.8, 0.9, 0.9, 0.9, 0.9, 0.9, 0.6, 0.5])
+    raw, mean = make_policy("h2o", 7, recent=1), make_policy("h2o-mean", 7, recent=1)
+    victim = {p.label: int(p.scores(layer, seen=8)[0, 0].argmin()) for p in (raw, mean)}
+    assert victim == {"h2o(6+1)": 6, "h2o-mean(6+1)": 0}
+    assert int(raw.scores(layer, seen=8)[0, 0].argmax()) == 7 == int(mean.scores(layer, seen=8)[0, 0].argmax())  # recent
 
 
 def test_h2o_with_budget_at_least_length_equals_dense():

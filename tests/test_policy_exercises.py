@@ -84,17 +84,23 @@ WRONG_POLICIES: dict[str, list[tuple[Callable, str]]] = {
         (lambda acc, weights: acc + _group(weights.mean(1), acc.shape[0]), "sum the attention over the rows"),
     ],
     "04.h2o_scores": [
-        (lambda acc, positions, seen, recent: torch.where(positions >= seen - recent, math.inf, acc),
-         "raw sums favour old tokens"),
-        (lambda acc, positions, seen, recent: torch.where(positions >= seen - recent, math.inf,
-                                                          acc / (seen - positions + 1)), "the divisor is off by one"),
-        (lambda acc, positions, seen, recent: torch.where(positions > seen - recent, math.inf,
-                                                          acc / (seen - positions).clamp(min=1)),
+        (lambda acc, positions, seen, recent, mean=False: torch.where(positions >= seen - recent, math.inf,
+                                                                      acc / (seen - positions).clamp(min=1)),
+         "with mean=False return the raw sums"),  # always the mean rule
+        (lambda acc, positions, seen, recent, mean=False: torch.where(positions >= seen - recent, math.inf, acc),
+         "with mean=True (the h2o-mean variant) divide acc"),  # never divides
+        (lambda acc, positions, seen, recent, mean=False: torch.where(
+            positions >= seen - recent, math.inf, acc / (seen - positions + 1) if mean else acc),
+         "the divisor is off by one"),
+        (lambda acc, positions, seen, recent, mean=False: torch.where(
+            positions > seen - recent, math.inf, acc / (seen - positions).clamp(min=1) if mean else acc),
          "the recent window is off by one"),
-        (lambda acc, positions, seen, recent: acc / (seen - positions).clamp(min=1), "must never be evicted"),
-        (lambda acc, positions, seen, recent: torch.where(positions >= seen - recent, math.inf,
-                                                          -acc / (seen - positions).clamp(min=1)),
+        (lambda acc, positions, seen, recent, mean=False: acc / (seen - positions).clamp(min=1) if mean else acc,
+         "must never be evicted"),
+        (lambda acc, positions, seen, recent, mean=False: torch.where(positions >= seen - recent, math.inf, -acc),
          "evicts the *lowest* score"),
+        (lambda acc, positions, seen, recent: torch.where(positions >= seen - recent, math.inf, acc),
+         "takes a fifth argument, mean=False"),  # the raw rule only, without the parameter
     ],
     "05.snapkv_select": [
         (_snapkv(lambda a, k, p, kv: _group(_prefix_votes(a), kv)), "pool the votes along the keys"),
@@ -124,10 +130,12 @@ ALTERNATIVES: dict[str, list[Callable]] = {
         lambda acc, weights: acc.add_(_group(weights.sum(1), acc.shape[0])),  # in place
     ],
     "04.h2o_scores": [
-        lambda acc, positions, seen, recent: torch.where(positions >= seen - recent, 1e9 + positions,
-                                                         acc / (seen - positions).clamp(min=1)),
-        lambda acc, positions, seen, recent: (acc / (seen - positions)).masked_fill(positions >= seen - recent,
-                                                                                      math.inf),
+        lambda acc, positions, seen, recent, mean=False: torch.where(
+            positions >= seen - recent, 1e9 + positions, acc / (seen - positions).clamp(min=1) if mean else acc),
+        lambda acc, positions, seen, recent, mean=False: (acc / (seen - positions) if mean else acc.clone())
+        .masked_fill(positions >= seen - recent, math.inf),
+        lambda acc, positions, seen, recent, mean=False: torch.where(  # mean x (seen - p) ranks as the raw sum
+            positions >= seen - recent, math.inf, acc * (1.0 if mean else 2.0) / ((seen - positions) if mean else 1)),
     ],
     "05.snapkv_select": [
         lambda attn, capacity, kernel, pooling, kv_heads: torch.cat([
@@ -227,8 +235,8 @@ def test_builders_refuse_what_make_policy_refuses():
 
 
 # ----------------------------------------------------------------------------- under the autograder
-H2O_RAW_SUMS = ("def h2o_scores(acc, positions, seen, recent):\n"
-                "    return torch.where(positions >= seen - recent, math.inf, acc)\n")
+H2O_ALWAYS_MEAN = ("def h2o_scores(acc, positions, seen, recent, mean=False):\n"
+                   "    return torch.where(positions >= seen - recent, math.inf, acc / (seen - positions).clamp(min=1))\n")
 SNAPKV_UNPOOLED = ("def snapkv_select(attn, capacity, kernel, pooling, kv_heads):\n"
                    "    h, w, s = attn.shape\n"
                    "    votes = observation_votes(attn).reshape(kv_heads, h // kv_heads, -1).mean(1)\n"
@@ -240,14 +248,15 @@ def test_the_grader_scores_policy_exercises_from_its_own_process(tmp_path):
     """The checker runs the grader's decode loop; the student's functions answer from the kernel."""
     root = tmp_path / "subs"
     submission(root / "ann" / "ps3", NOTEBOOKS / "03_streaming_llm.ipynb")
-    submission(root / "ann" / "ps4", NOTEBOOKS / "04_h2o.ipynb", {"h2o_scores": H2O_RAW_SUMS})
+    submission(root / "ann" / "ps4", NOTEBOOKS / "04_h2o.ipynb", {"h2o_scores": H2O_ALWAYS_MEAN})
     submission(root / "ann" / "ps5", NOTEBOOKS / "05_snapkv.ipynb", {"snapkv_select": SNAPKV_UNPOOLED})
     rows = {r["exercise"]: r for r in grade([root], timeout=300)}
-    for exercise in ("03.cache_positions", "03.streaming_scores", "04.h2o_accumulate"):
+    for exercise in ("03.cache_positions", "03.streaming_scores", "04.h2o_accumulate", "03.rolling_step",
+                     "05.snapkv_compress"):
         assert rows[exercise]["status"] == "pass" and rows[exercise]["points"] == rows[exercise]["max_points"] > 0, \
             rows[exercise]
     assert rows["04.h2o_scores"]["status"] == "wrong" and rows["04.h2o_scores"]["points"] == 0
-    assert "raw sums favour old tokens" in rows["04.h2o_scores"]["feedback"]
+    assert "with mean=False return the raw sums" in rows["04.h2o_scores"]["feedback"]
     assert rows["05.snapkv_select"]["status"] == "wrong" and "pool the votes along the keys" in \
         rows["05.snapkv_select"]["feedback"]
     assert all(rows[e]["status"] == "pass" for e in ("05.observation_votes", "05.pool_votes", "05.snapkv_keep"))

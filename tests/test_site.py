@@ -88,9 +88,10 @@ def test_every_notebook_becomes_a_page_with_its_figure_and_links_in_order(repo, 
     for page in pages.values():
         assert page.count('src="data:image/png;base64,') == 1  # the figure, inside the page
         assert "FAST = True" in page and "1.5 min" in page  # how it was executed (papermill's record)
-    assert nav_links(pages["01_first"]) == [["index.html", "benchmarks.html", "02_second.html"]] * 2
-    assert nav_links(pages["02_second"])[0] == ["index.html", "benchmarks.html", "01_first.html", "03_third.html"]
-    assert nav_links(pages["03_third"])[0] == ["index.html", "benchmarks.html", "02_second.html"]
+    bar = ["index.html", "benchmarks.html", "references.html", "reproductions.html"]
+    assert nav_links(pages["01_first"]) == [bar + ["02_second.html"]] * 2
+    assert nav_links(pages["02_second"])[0] == bar + ["01_first.html", "03_third.html"]
+    assert nav_links(pages["03_third"])[0] == bar + ["02_second.html"]
     assert "<title>Notebook 02_second</title>" in pages["02_second"]
 
 
@@ -103,6 +104,41 @@ def test_the_index_lists_the_readmes_table_and_the_benchmarks_show_their_images(
     bench = (out / "benchmarks.html").read_text(encoding="utf-8")
     assert '<img src="images/speed.png"' in bench and (out / "images" / "speed.png").is_file()
     assert "<td>1</td>" in bench
+
+
+def test_references_and_reproductions_are_pages_and_the_notebooks_links_reach_them(repo, executed, tmp_path):
+    (repo / "docs" / "references.md").write_text("# References\n\n* **[S]** Xiao et al., arXiv 2309.17453\n\n"
+                                                 "See [the table](reproductions.md).\n", encoding="utf-8")
+    nb = executed_notebook("Notebook 02_second")
+    nb.cells[0].source += "\n\nSources: [`docs/references.md`](../docs/references.md#streamingllm)."
+    nbformat.write(nb, executed / "02_second.ipynb")
+    out = tmp_path / "site"
+    result = build_site(executed, out, repo)
+    assert {"references.html", "reproductions.html"} <= set(result["pages"])
+    refs = (out / "references.html").read_text(encoding="utf-8")
+    assert "arXiv 2309.17453" in refs and 'href="reproductions.html"' in refs
+    assert "python -m course reproductions" in (out / "reproductions.html").read_text(encoding="utf-8")  # not yet
+    page = (out / "02_second.html").read_text(encoding="utf-8")
+    assert 'href="references.html#streamingllm"' in page and "../docs/references.md" not in page
+    assert 'href="reproductions.html"' in (out / "index.html").read_text(encoding="utf-8")
+
+
+def test_the_reproductions_page_shows_the_rows_of_the_notebooks_shown(repo, executed, tmp_path):
+    from course.claims import REPRODUCTION_MIME
+
+    row = {"notebook": "02", "result": "streamingllm.table1", "source": "Xiao et al. (2023, arXiv 2309.17453), Table 1",
+           "quantity": "window only / 4 sinks", "paper": "955x", "measured": 14.2, "model": "smollm2-135m",
+           "scale": "6 passages", "verdict": "reproduced", "reason": "window only / 4 sinks = 14.2 >= 10",
+           "rule": "reproduced: window only / 4 sinks >= 10"}
+    nb = executed_notebook("Notebook 02_second")
+    nb.cells[1].outputs.append(new_output("display_data", data={"text/plain": "rows",
+                                                                REPRODUCTION_MIME: {"notebook": "02", "rows": [row]}}))
+    nbformat.write(nb, executed / "02_second.ipynb")
+    (repo / "docs" / "reproductions.md").write_text("# Reproductions\n\nan old table\n", encoding="utf-8")
+    out = tmp_path / "site"
+    build_site(executed, out, repo)
+    page = (out / "reproductions.html").read_text(encoding="utf-8")
+    assert "<strong>reproduced</strong>" in page and "14.2" in page and "an old table" not in page
 
 
 def test_colab_links_follow_the_courses_setting(repo, executed, tmp_path):
@@ -161,7 +197,7 @@ def test_the_command_line_builds_the_site(repo, executed, tmp_path, capsys):
         command.add_parser(sub)
     args = parser.parse_args(["site", "--from", str(executed), "--out", str(tmp_path / "out"), "--root", str(repo)])
     result = args.run(args)
-    assert len(result["pages"]) == 5 and "5 pages in" in capsys.readouterr().out
+    assert len(result["pages"]) == 7 and "7 pages in" in capsys.readouterr().out
     bad = parser.parse_args(["site", "--root", str(tmp_path / "nothing")])
     with pytest.raises(ValueError, match="is not the course's repository"):
         bad.run(bad)

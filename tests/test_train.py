@@ -12,16 +12,22 @@ from course.__main__ import main
 from course.model_names import SEED_MAX
 from course.train import (
     MIN_SEEDS,
+    TABLE3,
+    THRESHOLDS,
     BigramBackcopy,
     TrainConfig,
+    attention_on_first,
     attention_on_sink,
     lm_loss,
     over_seeds,
     prepend_sink,
     seed_list,
+    table3_excess,
     train,
     train_seeds,
+    uniform_first,
     variant_config,
+    verdict,
     window_losses,
 )
 
@@ -139,8 +145,9 @@ def test_train_cli_all_variants_over_seeds(tmp_path, monkeypatch, capsys):
     assert main(["train", "--all-variants", "--seeds", "3", "--seed", "7", "--steps", "2", "--windows", "2",
                  "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
-    assert [(r["variant"], r["seed"]) for r in runs] == [(v, s) for v in ("vanilla", "sink-token", "sink-logit",
-                                                                          "off-by-one") for s in (7, 8, 9)]
+    assert [(r["variant"], r["bos"], r["seed"]) for r in runs] == [
+        (v, True, s) for v in ("vanilla", "sink-token", "sink-logit", "off-by-one") for s in (7, 8, 9)
+    ] + [("vanilla", False, s) for s in (7, 8, 9)]
     assert main(["train", "--seeds", "2", "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --seeds/--seed:") and "number of seeds must be an integer >= 3" in err
@@ -150,4 +157,72 @@ def test_train_cli_all_variants_over_seeds(tmp_path, monkeypatch, capsys):
 def test_fast_preset_is_smaller_than_full():
     fast, full = variant_config("sink-token", "fast"), variant_config("sink-token", "full")
     work = lambda c: c.steps * c.batch * c.seq_len * c.n_layer * c.d_model
-    assert work(fast) * 8 < work(full)  # about 20 s per model on two CPU cores instead of several minutes
+    assert work(fast) * 8 < work(full)  # about 40 s per model on two CPU cores instead of several minutes
+
+
+def test_bos_begins_every_sample_and_is_never_a_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    x = BigramBackcopy().sample(2, 8, torch.Generator().manual_seed(0))
+    for variant, n_prefix in (("vanilla", 1), ("sink-token", 2), ("sink-logit", 1)):
+        run = train(variant_config(variant, steps=2, log_every=1, seq_len=8, bos=True), progress=False)
+        inputs = run.inputs(x)
+        assert run.n_prefix == n_prefix and inputs.shape == (2, 8 + n_prefix) and torch.equal(inputs[:, n_prefix:], x)
+        assert bool((inputs[:, n_prefix - 1] == run.bos_id).all()) and run.bos_id != run.sink_id
+        assert run.bos_id == run.model.config.vocab_size - 1 and int(x.max()) < run.sink_id
+        if variant == "sink-token":
+            assert bool((inputs[:, 0] == run.sink_id).all())
+        losses = window_losses(run, x, [2], [0, 1])
+        assert set(losses["windows"][2]) == {0, 1}
+    plain = train(variant_config("vanilla", steps=2, log_every=1, seq_len=8, bos=False), progress=False)
+    assert plain.n_prefix == 0 and torch.equal(plain.inputs(x), x) and plain.bos_id is None
+
+
+def test_bos_is_on_in_the_presets_and_names_its_runs():
+    assert variant_config("vanilla", "fast").bos and variant_config("vanilla", "full").bos
+    on, off = variant_config("vanilla", "fast"), variant_config("vanilla", "fast", bos=False)
+    assert on.run_name != off.run_name and "-bos-" in on.run_name and "bos" not in off.run_name
+    with pytest.raises(ValueError, match="bos must be True or False"):
+        TrainConfig(bos="yes")
+
+
+def test_attention_on_first_against_uniform(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    assert uniform_first(5, 4) == pytest.approx(1 / 5)
+    assert uniform_first(6, 4) == pytest.approx((1 / 5 + 1 / 6) / 2)
+    with pytest.raises(ValueError, match="skip must be in"):
+        uniform_first(4, 4)
+    run = train(variant_config("vanilla", steps=1, log_every=1, bos=True), progress=False)
+    with torch.no_grad():  # an untrained model with zero query weights attends uniformly
+        for block in run.model.blocks:
+            block.attn.qkv.weight[: run.model.config.d_model] = 0
+            block.attn.qkv.bias[: run.model.config.d_model] = 0
+    x = BigramBackcopy().sample(3, 20, torch.Generator().manual_seed(2))
+    first = attention_on_first(run, x)
+    assert first.shape == (run.config.n_layer, run.config.n_head)
+    assert torch.allclose(first, torch.full_like(first, uniform_first(21)), atol=1e-5)
+
+
+def test_table3_in_nats_and_the_verdicts():
+    assert table3_excess("vanilla", 0) == pytest.approx(math.log(27.87 / 18.05))
+    assert table3_excess("sink-token", 4) == 0 and table3_excess("sink-logit", 1) is None
+    assert table3_excess("sink-token", 1) <= THRESHOLDS["T2"] < table3_excess("vanilla", 1)  # the paper's own reading
+    assert table3_excess("vanilla", 1) - table3_excess("vanilla", 4) >= THRESHOLDS["T3"]
+    assert all(table3_excess(v, 0) >= THRESHOLDS["T1"] for v in TABLE3)
+    with pytest.raises(ValueError, match="kept must be one of"):
+        table3_excess("vanilla", 3)
+    assert verdict([True, True, True], True) == "reproduced"
+    assert verdict([True, False, True], True) == "partly"
+    assert verdict([True, True, True], False) == "not at this scale"
+    assert verdict([False, False, False], False) == "reproduced"
+    assert verdict([True, False, False], None) == "held in 1/3 seeds (not in the paper)"
+    with pytest.raises(ValueError, match="one outcome per seed"):
+        verdict([], True)
+
+
+def test_train_cli_without_bos(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
+    assert main(["train", "--variant", "vanilla", "--no-bos", "--steps", "3", "--windows", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bos"] is False and 0 < out["uniform_first"] < 1 and 0 <= out["attention_on_first"] <= 1
+    assert main(["train", "--variant", "vanilla", "--steps", "3", "--windows", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bos"] is True

@@ -11,10 +11,12 @@ from course.policies import Policy
 from course.streaming import next_token_nll
 
 
-def tiny_model(family: str = "llama", seed: int = 0, n_layer: int = 2) -> CausalLM:
-    """A small random model in float64 (fast, and exact enough to compare to 1e-9)."""
+def tiny_model(family: str = "llama", seed: int = 0, n_layer: int = 2, sink_logit: str = "none") -> CausalLM:
+    """A small random model in float64 (fast, and exact enough to compare to 1e-9); ``sink_logit``: see
+    ``ModelConfig`` ("learned" gives every attention layer a per-head logit of an empty slot, here at 0)."""
     cfg = ModelConfig(family=family, vocab_size=53, n_layer=n_layer, n_head=4, n_kv_head=2 if family == "llama" else 4,
-                      d_model=32, head_dim=8, d_ff=48, max_positions=512, name=f"tiny-{family}")
+                      d_model=32, head_dim=8, d_ff=48, max_positions=512, name=f"tiny-{family}",
+                      sink_logit=sink_logit)
     torch.manual_seed(seed)
     model = build_model(cfg).double().eval()
     with torch.no_grad():

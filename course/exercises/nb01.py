@@ -10,6 +10,7 @@ from torch import Tensor
 from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import CallCounter, close, tiny_model
 from course.kvcache import cache_bytes_per_token
+from course.models.llama import rope
 from course.memory import CONFIGS, cache_numbers_per_token, kv_bytes_per_token
 
 
@@ -182,3 +183,115 @@ def _check_kv_bytes_per_token(fn) -> None:
         hint = _diagnose_bytes(config, bits, group_size, got)
         where = f"{name}, {bits}-bit" + (f", groups of {group_size}" if group_size else "")
         raise Wrong(f"{where}: {hint}" if hint else f"{where}: expected {want:,} bytes per token, got {got!r}")
+
+
+# ----------------------------------------------------------------------------- 5. build: a GQA layer and its decode loop
+@torch.inference_mode()
+def greedy_own_attention(model, prompt: Tensor, n_new: int) -> tuple[Tensor, Tensor]:
+    """Greedy decoding of the course's Llama with attention written out: every layer's cache, GQA, RoPE.
+
+    The prompt [B, P] is fed one token at a time (no mask needed), then ``n_new`` greedy tokens. Every
+    layer keeps its own keys (rotated at their position) and values, [B, H_kv, t, d]; query head h reads
+    KV head h // (H / H_kv). The model is only used for its weights and sub-modules, never called whole.
+    Returns (ids [B, P + n_new], logits [B, P + n_new - 1, vocab]: one row per token fed).
+    """
+    return _greedy_decode(model, prompt, n_new)
+
+
+def _greedy_decode(model, prompt: Tensor, n_new: int, grouping: str = "interleave", scale: bool = True,
+                   rotate_keys: bool = True, self_attend: bool = True) -> tuple[Tensor, Tensor]:
+    """``greedy_own_attention`` and its typical mistakes (the checker's diagnoses): ``grouping="repeat"``
+    gives query head h the KV head h % H_kv; no ``scale``; keys cached without rotation; the new token
+    not attending to itself (attending to the cache before appending, itself only when it is empty)."""
+    cfg = model.config
+    h, hkv, d, theta = cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rope_theta
+    b = prompt.shape[0]
+    keys, values = [None] * cfg.n_layer, [None] * cfg.n_layer
+    ids, rows = prompt, []
+    for t in range(prompt.shape[1] + n_new - 1):
+        pos = torch.full((b, 1), t)
+        x = model.tok_emb(ids[:, t : t + 1])  # [B, 1, D]
+        for i, block in enumerate(model.blocks):
+            attn, z = block.attn, block.norm1(x)
+            q = rope(attn.q(z).view(b, 1, h, d).transpose(1, 2), pos, theta)  # [B, H, 1, d]
+            k = attn.k(z).view(b, 1, hkv, d).transpose(1, 2)  # [B, H_kv, 1, d]
+            k = rope(k, pos, theta) if rotate_keys else k
+            v = attn.v(z).view(b, 1, hkv, d).transpose(1, 2)
+            old_k, old_v = keys[i], values[i]
+            keys[i] = k if old_k is None else torch.cat([old_k, k], dim=2)
+            values[i] = v if old_v is None else torch.cat([old_v, v], dim=2)
+            seen_k, seen_v = (keys[i], values[i]) if self_attend or old_k is None else (old_k, old_v)
+            spread = (lambda x: x.repeat_interleave(h // hkv, 1)) if grouping == "interleave" else \
+                (lambda x: x.repeat(1, h // hkv, 1, 1))
+            scores = q @ spread(seen_k).transpose(-1, -2) / (math.sqrt(d) if scale else 1.0)  # [B, H, 1, t+1]
+            y = torch.softmax(scores, dim=-1) @ spread(seen_v)  # [B, H, 1, d]
+            x = x + attn.o(y.transpose(1, 2).reshape(b, 1, h * d))
+            x = x + block.mlp(block.norm2(x))
+        logits = model.lm_head(model.norm(x))[:, -1]  # [B, vocab]
+        rows.append(logits)
+        if t >= prompt.shape[1] - 1:
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    return ids, torch.stack(rows, dim=1)
+
+
+class WeightsOnly:
+    """A model whose parts may be used (embedding, blocks, norms, head, config) but not the whole forward."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("write the forward pass yourself: use model.tok_emb, model.blocks (attn.q/k/v/o, norm1, "
+                           "norm2, mlp), model.norm and model.lm_head, not model(...)")
+
+    def new_cache(self, *args, **kwargs):
+        raise RuntimeError("keep your own keys and values per layer (lists of tensors), not the course's cache")
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+
+_GQA_MISTAKES = [
+    (dict(grouping="repeat"), "GQA: query head h reads KV head h // (H / H_kv), so neighbouring query heads share "
+                              "one KV head: repeat_interleave the KV heads (dim 1), not repeat"),
+    (dict(scale=False), "scale the scores by 1/sqrt(head_dim) before the softmax"),
+    (dict(rotate_keys=False), "rotate every key with RoPE at its own position before caching it (the course's "
+                              "rope(k, pos, theta)): the query alone carries no relative position"),
+    (dict(self_attend=False), "append the new token's key and value to the layer's cache before attending: the "
+                              "token attends to itself too"),
+]
+
+
+@exercise("01.greedy_own_attention", "Build exercise (GQA attention with a cache, and the decode loop)",
+          greedy_own_attention, points=3)
+def _check_greedy_own_attention(fn) -> None:
+    model = tiny_model("llama", seed=7)  # 4 query heads, 2 KV heads: GQA
+    prompt = torch.tensor([[5, 17, 2, 40, 33], [8, 1, 29, 12, 50]])
+    n_new = 5
+    want_ids, want_logits = _greedy_decode(model, prompt, n_new)
+    with torch.inference_mode():
+        oracle = model(want_ids[:, :-1]).logits  # the course's model, one full forward
+    assert close(want_logits, oracle, 1e-9), "the reference must equal the course's model"
+    out = fn(WeightsOnly(model), prompt.clone(), n_new)
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise Wrong("return a tuple (ids, logits)")
+    ids, logits = (torch.as_tensor(x) for x in out)
+    rows = prompt.shape[1] + n_new - 1
+    if tuple(logits.shape) != tuple(oracle.shape):
+        raise Wrong(f"logits must be [batch, tokens fed, vocab] = {tuple(oracle.shape)} (the prompt's "
+                    f"{prompt.shape[1]} "
+                    f"tokens and the {n_new - 1} generated ones that are fed back), got {tuple(logits.shape)}")
+    if not close(logits, oracle, 1e-6):
+        diffs = (logits.double() - oracle).abs().amax(dim=(0, 2))
+        step = int((diffs > 1e-6).nonzero()[0])
+        for settings, hint in _GQA_MISTAKES:
+            if close(logits, _greedy_decode(model, prompt, n_new, **settings)[1], 1e-6):
+                raise Wrong(hint)
+        raise Wrong(f"the logits differ from the course's model from token {step} of {rows} on (max difference "
+                    f"{float(diffs[step]):.3g}); with one token per step no mask is needed, every cached key is "
+                    "attended")
+    if tuple(ids.shape) != tuple(want_ids.shape) or not torch.equal(ids, want_ids):
+        raise Wrong("the logits are right but the ids are not: append argmax of the last logits, once per step, "
+                    f"and return prompt + {n_new} new ids, shape {tuple(want_ids.shape)}")

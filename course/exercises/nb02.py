@@ -104,3 +104,79 @@ def _check_renormalise(fn) -> None:
         if close(got, torch.softmax(weights.masked_fill(~keep, float("-inf")), -1)):
             raise Wrong("these are already probabilities: renormalise them, do not apply softmax to them again")
         raise Wrong("expected w_j / sum of kept w for kept keys and 0 for evicted ones")
+
+
+# ----------------------------------------------------------------------------- 4. build: the streaming evaluation loop
+@torch.inference_mode()
+def window_stream_nll(model, ids: Tensor, window: int, n_sink: int = 0) -> Tensor:
+    """The collapse curve's loop: stream ``ids`` [B, T] one token at a time through a cache that keeps the
+    first ``n_sink`` tokens and the last ``window`` (the new token included), and score every next token.
+
+    Before each token is fed, a full cache (n_sink + window slots) drops its oldest non-sink slot in every
+    layer (``layer.gather``); tokens keep their original positions. Returns NLL [B, T - 1] (float32 or
+    wider): entry t is -log p(ids[:, t + 1] | what the cache let token t see).
+    """
+    return _stream_nll(model, ids, window, n_sink)
+
+
+def _stream_nll(model, ids: Tensor, window: int, n_sink: int, slack: int = 0, pin: bool = True,
+                shift: int = 1) -> Tensor:
+    """``window_stream_nll`` and its typical mistakes: ``slack=1`` lets the cache reach window + n_sink + 1
+    slots (the new token not counted), ``pin=False`` keeps the last n_sink + window tokens (sinks evicted),
+    ``shift=0`` scores the token just fed instead of the next one."""
+    b, kv = ids.shape[0], model.config.n_kv_head
+    cache = model.new_cache(batch=b)
+    budget = n_sink + window
+    nll = []
+    for t in range(ids.shape[1] - 1):
+        n = cache.layers[0].length
+        if n >= budget + slack:  # the new token needs a slot: drop the oldest non-sink token
+            first = n_sink if pin else 0
+            keep = torch.cat([torch.arange(first), torch.arange(n - (budget - first) + 1 - slack, n)])
+            for layer in cache.layers:
+                layer.gather(keep.expand(b, kv, keep.numel()))
+        logits = model(ids[:, t : t + 1], cache=cache).logits[:, -1].double()  # [B, vocab]
+        target = ids[:, t + shift : t + shift + 1]
+        nll.append(torch.logsumexp(logits, -1) - logits.gather(-1, target)[:, 0])
+    return torch.stack(nll, dim=1)
+
+
+_STREAM_MISTAKES = [
+    (dict(slack=1), "the new token counts in the budget: drop a slot *before* feeding a token once the cache holds "
+                    "n_sink + window tokens, so that it never attends to more than n_sink + window keys"),
+    (dict(pin=False), "the first n_sink tokens are never evicted: drop the oldest token *after* the sinks"),
+    (dict(shift=0), "score the *next* token: the logits of token t predict ids[:, t + 1]"),
+]
+
+
+@exercise("02.window_stream_nll", "Build exercise (the streaming loop behind the collapse curve)",
+          window_stream_nll, points=3)
+def _check_window_stream_nll(fn) -> None:
+    from course.exercises.fixtures import CallCounter, tiny_model
+    from course.policies import make_policy
+    from course.streaming import decode_stream
+
+    ids = torch.randint(0, 53, (2, 24), generator=torch.Generator().manual_seed(3))
+    for family, window, n_sink in (("gpt2", 8, 0), ("gpt2", 6, 2), ("llama", 5, 3)):
+        model = tiny_model(family, seed=3)
+        name = "streaming" if n_sink else "window"
+        policy = make_policy(name, n_sink + window, sinks=n_sink, positions="original", model=model)
+        want = decode_stream(model, ids, policy, progress=False).nll.double()  # the course's cache, the oracle
+        counter = CallCounter(model)
+        got = fn(counter, ids.clone(), window, n_sink)
+        got = torch.as_tensor(got)
+        if tuple(got.shape) != tuple(want.shape):
+            raise Wrong(f"return the NLL of every predicted token, [batch, T - 1] = {tuple(want.shape)}, "
+                        f"got {tuple(got.shape)}")
+        if any(n != 1 for n in counter.calls):
+            raise Wrong("feed one token per forward call through the cache (your calls got "
+                        f"{sorted(set(counter.calls))} "
+                        "tokens): streaming never recomputes the window")
+        if close(got, want, 1e-6):
+            continue
+        step = int(((got.double() - want).abs() > 1e-6).any(0).nonzero()[0])
+        for settings, hint in _STREAM_MISTAKES:
+            if close(got, _stream_nll(model, ids, window, n_sink, **settings), 1e-6):
+                raise Wrong(hint)
+        raise Wrong(f"{family}, window {window}, {n_sink} sinks: the NLL differs from the course's cache from "
+                    f"prediction {step} on (the cache fills at token {n_sink + window})")

@@ -158,3 +158,104 @@ def _check_streaming_scores(fn) -> None:
                         f"positions 0 .. {n_sink - 1}")
         raise Wrong(f"with {n_sink} sinks and {budget} slots, after token {step} the cache should hold positions "
                     f"{sorted(want)}, yours holds {sorted(got)}")
+
+
+# ----------------------------------------------------------------------------- 5. build: the rolling cache
+def rolling_step(state, q: Tensor, k: Tensor, v: Tensor, t: int, n_sink: int, window: int, theta: float):
+    """One layer's attention for token ``t`` through StreamingLLM's rolling cache, built from scratch.
+
+    state: what this layer's cache held after token t - 1 (None before the first token); q: [B, H, 1, d],
+    k, v: [B, H_kv, 1, d], all *not* rotated. The cache has n_sink + window slots: token t goes to
+    ``rolling_slot(t, n_sink, window)`` (sinks stay, the ring buffer overwrites its oldest token). Keys are
+    cached un-rotated and rotated at every step by their rank among the cached positions (0 .. n-1); the
+    query takes rank n - 1. Returns (output [B, H, 1, d], the new state).
+    """
+    return _rolling_step(state, q, k, v, t, n_sink, window, theta)
+
+
+def _rolling_step(state, q, k, v, t, n_sink, window, theta, slots: str = "ring", rule: str = "ranks",
+                  query: str = "rank"):
+    """``rolling_step`` and its typical mistakes: ``slots="modulo"`` cycles through every slot (sinks
+    overwritten); ``rule="original"`` rotates keys by their original position, ``rule="slots"`` by their slot
+    index; ``query="original"`` rotates the query by t."""
+    b, hkv, _, d = k.shape
+    size = n_sink + window
+    if state is None:
+        state = {"k": k.new_zeros(b, hkv, size, d), "v": v.new_zeros(b, hkv, size, d),
+                 "pos": torch.full((size,), -1, dtype=torch.long)}
+    slot = (t if t < size else n_sink + (t - n_sink) % window) if slots == "ring" else t % size
+    state["k"][:, :, slot], state["v"][:, :, slot], state["pos"][slot] = k[:, :, 0], v[:, :, 0], t
+    n = min(t + 1, size)
+    pos, keys, values = state["pos"][:n], state["k"][:, :, :n], state["v"][:, :, :n]
+    key_pos = {"ranks": pos.argsort().argsort(), "original": pos, "slots": torch.arange(n)}[rule]
+    q_pos = torch.full((b, 1), n - 1 if query == "rank" else t)
+    kr, qr = rope(keys, key_pos.expand(b, n), theta), rope(q, q_pos, theta)
+    g = q.shape[1] // hkv  # query heads per KV head
+    scores = qr @ kr.repeat_interleave(g, 1).transpose(-1, -2) / d**0.5  # [B, H, 1, n]
+    return torch.softmax(scores, dim=-1) @ values.repeat_interleave(g, 1), state
+
+
+@torch.inference_mode()
+def drive_layers(model, ids: Tensor, step, *settings) -> Tensor:
+    """Run the course's Llama token by token with ``step`` as every layer's attention: logits [B, T, vocab].
+
+    Everything but the attention is the model's own (embedding, norms, projections, MLP); ``step`` gets the
+    un-rotated q, k, v of each layer, ``t``, the cache's ``settings`` (03: n_sink, window; 04: budget, recent)
+    and the RoPE base, and returns the heads' output and its new state."""
+    cfg = model.config
+    b, h, hkv, d = ids.shape[0], cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    states, rows = [None] * cfg.n_layer, []
+    for t in range(ids.shape[1]):
+        x = model.tok_emb(ids[:, t : t + 1])
+        for i, block in enumerate(model.blocks):
+            a, z = block.attn, block.norm1(x)
+            q = a.q(z).view(b, 1, h, d).transpose(1, 2)
+            k, v = (m(z).view(b, 1, hkv, d).transpose(1, 2) for m in (a.k, a.v))
+            out = step(states[i], q, k, v, t, *settings, cfg.rope_theta)
+            if not isinstance(out, tuple) or len(out) != 2:
+                raise Wrong("return a tuple (output [B, H, 1, d], state)")
+            y, states[i] = torch.as_tensor(out[0]), out[1]
+            if tuple(y.shape) != (b, h, 1, d):
+                raise Wrong(f"the output must be [B, H, 1, d] = {(b, h, 1, d)} (one row per query head), "
+                            f"got {tuple(y.shape)}")
+            x = x + a.o(y.to(x.dtype).transpose(1, 2).reshape(b, 1, h * d))
+            x = x + block.mlp(block.norm2(x))
+        rows.append(model.lm_head(model.norm(x)))
+    return torch.cat(rows, dim=1)
+
+
+_ROLLING_MISTAKES = [
+    (dict(slots="modulo"), "a sink slot was overwritten: once the cache is full, token t goes to slot "
+                           "n_sink + (t - n_sink) % window, never below n_sink"),
+    (dict(rule="original"), "these are the original positions: StreamingLLM rotates every cached key by its rank "
+                            "among the cached positions (0 .. n-1), so that no distance exceeds the cache"),
+    (dict(rule="slots"), "slot order is not token order (the ring buffer wraps around): rank the slots by their "
+                         "original position (argsort twice), do not use the slot index"),
+    (dict(query="original"), "the query takes the newest rank, n - 1 (n cached tokens), not its original position t"),
+]
+
+
+@exercise("03.rolling_step", "Build exercise (the rolling cache, re-assigned and re-rotated)", rolling_step,
+          points=3)
+def _check_rolling_step(fn) -> None:
+    from course.streaming import decode_stream
+
+    model, ids = tiny_model("llama", seed=5), token_ids(22, seed=5).expand(2, -1).clone()
+    ids[1] = token_ids(22, seed=6)[0]
+    for n_sink, window in ((2, 6), (1, 4), (0, 5)):
+        policy = make_policy("streaming", n_sink + window, sinks=n_sink, model=model)  # the cache rule
+        want_nll = decode_stream(model, ids, policy, progress=False).nll.double()  # the course's cache, the oracle
+        want = drive_layers(model, ids, _rolling_step, n_sink, window)
+        got = drive_layers(model, ids, fn, n_sink, window)
+        got_nll = torch.logsumexp(got.double(), -1)[:, :-1] - got.double()[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+        assert close(torch.logsumexp(want.double(), -1)[:, :-1] - want.double()[:, :-1].gather(
+            -1, ids[:, 1:, None])[..., 0], want_nll, 1e-9), "the reference must equal the course's cache"
+        if close(got_nll, want_nll, 1e-6):
+            continue
+        step = int(((got_nll - want_nll).abs() > 1e-6).any(0).nonzero()[0])
+        for settings, hint in _ROLLING_MISTAKES:
+            if close(got, drive_layers(model, ids, lambda *a, s=settings: _rolling_step(*a, **s), n_sink, window),
+                     1e-6):
+                raise Wrong(hint)
+        raise Wrong(f"{n_sink} sinks + {window} recent slots: the predictions differ from the course's StreamingLLM "
+                    f"cache from token {step} on (the cache fills at token {n_sink + window})")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
 from torch import Tensor
 
 from course.function_policy import h2o_policy
+from course.models.llama import rope
 from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
 from course.policies import group_mean, make_policy
@@ -42,16 +44,24 @@ def _check_top_fraction(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 2. accumulated attention
+MEAN_IS_A_VARIANT = ("H2O (the paper, Zhang et al. 2023) ranks keys by the raw sum of the attention they received; "
+                     "dividing by the number of queries that saw each key is the h2o-mean variant")
+
+
 def accumulated_scores(attn: Tensor, kv_heads: int) -> Tensor:
-    """H2O's heavy-hitter score of every key after a prompt, per KV head.
+    """H2O's heavy-hitter score of every key after a prompt, per KV head (the paper's raw sums).
 
     attn: [H, T, T] causal attention of one layer (rows: queries). Each key's received attention is
-    summed over queries and divided by the number of queries that could see it (T - j for key j),
-    then averaged over the query heads that share a KV head (GQA groups of H / kv_heads). -> [kv_heads, T]
+    summed over the queries, then averaged over the query heads that share a KV head (GQA groups of
+    H / kv_heads neighbouring heads). -> [kv_heads, T]
     """
-    t = attn.shape[-1]
-    mean_received = attn.sum(-2) / torch.arange(t, 0, -1, dtype=attn.dtype)
-    return group_mean(mean_received[None], kv_heads)[0]
+    return group_mean(attn.sum(-2)[None], kv_heads)[0]
+
+
+def mean_scores(raw: Tensor) -> Tensor:
+    """The h2o-mean variant of prompt scores: raw [..., T] divided by the T - j queries that saw key j."""
+    t = raw.shape[-1]
+    return raw / torch.arange(t, 0, -1, dtype=raw.dtype, device=raw.device)
 
 
 @exercise("04.accumulated_scores", "Exercise 2 (heavy-hitter scores)", accumulated_scores)
@@ -63,19 +73,15 @@ def _check_accumulated(fn) -> None:
     got, want = fn(attn, kv), accumulated_scores(attn, kv)
     if close(got, want):
         return
-    raw = group_mean(attn.sum(-2)[None], kv)[0]
-    if close(got, raw):
-        raise Wrong("raw sums favour old keys (more queries saw them): divide key j's sum by the T - j queries "
-                    "that could attend to it")
-    per_query_head = attn.sum(-2) / torch.arange(t, 0, -1)
-    if close(got, per_query_head):
+    if close(got, mean_scores(want)):
+        raise Wrong(MEAN_IS_A_VARIANT + " (section 4 compares both): return the sums")
+    if close(got, attn.sum(-2)):
         raise Wrong(f"one score per KV head: average the {h // kv} query heads of each GQA group")
-    if close(got, group_mean((attn.sum(-1) / t)[None], kv)[0]) or close(got, group_mean(attn.mean(-1)[None], kv)[0]):
+    if close(got, group_mean(attn.sum(-1)[None], kv)[0]) or close(got, group_mean(attn.mean(-1)[None], kv)[0]):
         raise Wrong("rows are queries, columns are keys: sum over the query axis (dim -2)")
-    grouped_wrong = (attn.sum(-2) / torch.arange(t, 0, -1)).reshape(h // kv, kv, t).mean(0)
-    if close(got, grouped_wrong):
+    if close(got, attn.sum(-2).reshape(h // kv, kv, t).mean(0)):
         raise Wrong("query heads h*G .. h*G+G-1 share KV head h: group neighbouring heads, not every kv-th one")
-    raise Wrong("expected, per KV head, the group-mean of (sum of received attention / number of queries)")
+    raise Wrong("expected, per KV head, the group-mean of the attention each key received, summed over the queries")
 
 
 # ----------------------------------------------------------------------------- 3. the victim
@@ -125,29 +131,33 @@ def h2o_accumulate(acc: Tensor, weights: Tensor) -> Tensor:
     return acc + grouped.sum(1)
 
 
-def h2o_scores(acc: Tensor, positions: Tensor, seen: int, recent: int) -> Tensor:
-    """H2O's keep-priority (mean scores): acc [H_kv, S] divided by the number of queries that saw each slot.
+def h2o_scores(acc: Tensor, positions: Tensor, seen: int, recent: int, mean: bool = False) -> Tensor:
+    """H2O's keep-priority: acc [H_kv, S] (the paper's raw accumulated attention), or with ``mean=True`` the
+    h2o-mean variant, acc divided by the number of queries that saw each slot.
 
     The token at position p has been seen by the queries at p .. seen - 1: seen - p of them. The ``recent``
     newest tokens (positions >= seen - recent) are never evicted (inf). positions: [H_kv, S]. -> [H_kv, S]
     """
-    mean = acc / (seen - positions).clamp(min=1)
-    return torch.where(positions >= seen - recent, math.inf, mean)
+    score = acc / (seen - positions).clamp(min=1) if mean else acc
+    return torch.where(positions >= seen - recent, math.inf, score)
 
 
-def _h2o_runs(accumulate, scores) -> list[tuple[list[Tensor], Tensor, list[Tensor], Tensor, str]]:
+def _h2o_runs(accumulate, scores, rules=(False,)) -> list[tuple[list[Tensor], Tensor, list[Tensor], Tensor, str]]:
     """(student kept, NLL, reference kept, NLL, setting) for H2O runs on a tiny GQA model: a 16-token
-    prompt compressed to the budget, then decoding with eviction."""
+    prompt compressed to the budget, then decoding with eviction; ``rules``: mean=False (H2O) and/or
+    mean=True (h2o-mean)."""
     model, ids = tiny_model("llama"), token_ids(36, seed=3)
     runs = []
-    for budget, recent in ((10, 4), (8, 2)):
-        want = policy_trace(model, ids, make_policy("h2o", budget, recent=recent, model=model), prompt=16)
-        try:
-            policy = h2o_policy(accumulate, scores, budget, recent=recent, model=model)
-            got = policy_trace(model, ids, policy, prompt=16)
-        except ValueError as e:
-            raise Wrong(str(e)) from None
-        runs.append((*got, *want, f"budget {budget}, recent {recent}"))
+    for mean in rules:
+        name = "h2o-mean" if mean else "h2o"
+        for budget, recent in ((10, 4), (8, 2)):
+            want = policy_trace(model, ids, make_policy(name, budget, recent=recent, model=model), prompt=16)
+            try:
+                policy = h2o_policy(accumulate, scores, budget, recent=recent, model=model, mean=mean)
+                got = policy_trace(model, ids, policy, prompt=16)
+            except ValueError as e:
+                raise Wrong(str(e)) from None
+            runs.append((*got, *want, f"{name}, budget {budget}, recent {recent}"))
     return runs
 
 
@@ -198,31 +208,179 @@ def _check_h2o_accumulate(fn) -> None:
     raise Wrong(problems[0] + ": acc + the attention each slot received from all rows, averaged within each GQA group")
 
 
-@exercise("04.h2o_scores", "Exercise 5 (H2O's mean scores and recent window in the real cache)", h2o_scores, points=2)
-def _check_h2o_scores(fn) -> None:
-    problems = [p for p in map(_run_differs, _h2o_runs(h2o_accumulate, fn)) if p]
-    if not problems:
-        return
-    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]])
+def _h2o_scores_hint(fn) -> str | None:
+    """A targeted hint from one hand-made cache (10 slots, 3 recent), with either rule; None if none fits."""
+    positions = torch.arange(10).expand(2, 10).clone()
     acc = torch.tensor([[3.0, 0.5, 2.1, 0.2, 0.9, 0.3, 1.2, 0.4, 0.3, 1.0],
                         [2.0, 1.5, 0.1, 1.2, 0.4, 0.8, 0.2, 0.6, 0.5, 1.0]])
     seen, recent = 10, 3
-    got = torch.as_tensor(fn(acc.clone(), positions.clone(), seen, recent)).double()
-    kept_always = got >= 1e6
-    if not bool(kept_always.any()):
-        raise Wrong(f"the {recent} newest tokens must never be evicted: give them the score inf")
-    if torch.equal(kept_always, positions > seen - recent) or torch.equal(kept_always, positions >= seen - recent + 1):
-        raise Wrong(f"the recent window is off by one: the newest {recent} tokens are positions seen - recent .. "
-                    f"seen - 1 ({seen - recent} .. {seen - 1} here)")
-    if torch.equal(kept_always, positions >= seen - recent):
-        rest = ~kept_always
-        if _same_up_to_scale(got[rest], acc[rest]):
-            raise Wrong("raw sums favour old tokens (more queries saw them): divide acc by the seen - position "
-                        "queries that saw each token")
-        if _same_up_to_scale(got[rest], (acc / (seen - positions + 1))[rest]) or \
-                _same_up_to_scale(got[rest], (acc / (seen - positions - 1).clamp(min=1))[rest]):
+    for mean in (False, True):
+        got = torch.as_tensor(fn(acc.clone(), positions.clone(), seen, recent, mean=mean)).double()
+        kept_always = got >= 1e6
+        if not bool(kept_always.any()):
+            raise Wrong(f"the {recent} newest tokens must never be evicted: give them the score inf")
+        if torch.equal(kept_always, positions > seen - recent) or torch.equal(kept_always, positions >= seen - recent + 1):
+            raise Wrong(f"the recent window is off by one: the newest {recent} tokens are positions seen - recent .. "
+                        f"seen - 1 ({seen - recent} .. {seen - 1} here)")
+        if not torch.equal(kept_always, positions >= seen - recent):
+            return None
+        rest, divided = ~kept_always, acc / (seen - positions)
+        if _same_up_to_scale(-got[rest], (divided if mean else acc)[rest]):
+            raise Wrong("the cache evicts the *lowest* score: heavy hitters must score high")
+        if not mean and _same_up_to_scale(got[rest], divided[rest]):
+            raise Wrong("with mean=False return the raw sums acc: " + MEAN_IS_A_VARIANT + ", asked for by mean=True")
+        if mean and _same_up_to_scale(got[rest], acc[rest]):
+            raise Wrong("with mean=True (the h2o-mean variant) divide acc by the seen - position queries that saw "
+                        "each token")
+        if mean and (_same_up_to_scale(got[rest], (acc / (seen - positions + 1))[rest]) or
+                     _same_up_to_scale(got[rest], (acc / (seen - positions - 1).clamp(min=1))[rest])):
             raise Wrong("the token at position p has been seen by seen - p queries (p .. seen - 1): the divisor is "
                         "off by one")
-        if _same_up_to_scale(-got[rest], (acc / (seen - positions))[rest]):
-            raise Wrong("the cache evicts the *lowest* score: heavy hitters must score high")
-    raise Wrong(problems[0] + ": mean received attention acc / (seen - position), inf for the recent tokens")
+    return None
+
+
+@exercise("04.h2o_scores", "Exercise 5 (H2O's scores, raw and mean, and the recent window in the real cache)",
+          h2o_scores, points=2)
+def _check_h2o_scores(fn) -> None:
+    try:
+        inspect.signature(fn).bind(None, None, 0, 0, mean=True)
+    except (TypeError, ValueError):
+        raise Wrong("h2o_scores takes a fifth argument, mean=False (False: H2O's raw sums; True: the h2o-mean "
+                    "variant)") from None
+    problems = [p for p in map(_run_differs, _h2o_runs(h2o_accumulate, fn, rules=(False, True))) if p]
+    if not problems:
+        return
+    _h2o_scores_hint(fn)
+    raise Wrong(problems[0] + ": the raw sums acc (mean=False) or acc / (seen - position) (mean=True), inf for the "
+                "recent tokens")
+
+
+# ----------------------------------------------------------------------------- 6. build: H2O's decode loop
+def h2o_step(state, q: Tensor, k: Tensor, v: Tensor, t: int, budget: int, recent: int, theta: float):
+    """One layer's attention for token ``t`` through an H2O cache, built from scratch (decoding, one token a step).
+
+    state: what this layer's cache held after token t - 1 (None before the first token), a dict with
+    ``"k"``, ``"v"`` [B, H_kv, S, d] (keys not rotated), ``"pos"`` [B, H_kv, S] (original positions, long) and
+    ``"score"`` [B, H_kv, S] (the attention each slot has received so far); q: [B, H, 1, d], k, v: [B, H_kv, 1, d].
+
+    1. If the cache already holds ``budget`` slots, every KV head evicts its lowest-scoring slot among those that
+       are not the ``recent`` newest tokens (positions >= t - recent are protected); k, v, pos and score keep
+       the remaining slots together.
+    2. The new token joins with score 0; keys and query are rotated by their original positions (RoPE, ``theta``);
+       each query head attends to its KV head's slots (heads h*G .. h*G+G-1 share KV head h), scaled by 1/sqrt(d).
+    3. Every slot's score grows by the attention it just received, summed over the G query heads of its group
+       (H2O's raw running sum; a mean over the group ranks the same).
+    Returns (output [B, H, 1, d], the new state).
+    """
+    return _h2o_step(state, q, k, v, t, budget, recent, theta)
+
+
+def _h2o_step(state, q, k, v, t, budget, recent, theta, group: str = "neighbours", protect: bool = True,
+              carry: bool = True, mean: bool = False):
+    """``h2o_step`` and its typical mistakes: ``group="first"`` scores a KV head by its group's first query head
+    only, ``group="strided"`` sums heads h, h + H_kv, ...; ``protect=False`` may evict the recent tokens;
+    ``carry=False`` drops the victim from k, v, pos but not its score (the scores slide onto other slots);
+    ``mean=True`` ranks by the mean attention per query that saw a slot (the h2o-mean variant)."""
+    b, hkv, _, d = k.shape
+    h = q.shape[1]
+    g = h // hkv
+    new_pos = torch.full((b, hkv, 1), t, dtype=torch.long)
+    if state is None:
+        state = {"k": k, "v": v, "pos": new_pos, "score": k.new_zeros(b, hkv, 1)}
+    else:
+        if state["pos"].shape[-1] >= budget:
+            rank = state["score"] / (t - state["pos"]).clamp(min=1) if mean else state["score"]
+            if protect:
+                rank = rank.masked_fill(state["pos"] >= t - recent, float("inf"))
+            victim = rank.argmin(dim=-1, keepdim=True)  # [B, H_kv, 1]
+            slots = torch.arange(state["pos"].shape[-1]).expand(b, hkv, -1)
+            keep = slots[slots != victim].reshape(b, hkv, -1)  # every slot but the victim, in order
+            for name in ("k", "v"):
+                state[name] = state[name].gather(2, keep[..., None].expand(-1, -1, -1, d))
+            state["pos"] = state["pos"].gather(2, keep)
+            state["score"] = state["score"].gather(2, keep) if carry else state["score"][..., : keep.shape[-1]]
+        state = {"k": torch.cat([state["k"], k], 2), "v": torch.cat([state["v"], v], 2),
+                 "pos": torch.cat([state["pos"], new_pos], 2),
+                 "score": torch.cat([state["score"], k.new_zeros(b, hkv, 1)], 2)}
+    keys = rope(state["k"], state["pos"], theta).repeat_interleave(g, 1)  # [B, H, S, d]
+    qr = rope(q, torch.full((b, 1), t), theta)
+    w = torch.softmax(qr @ keys.transpose(-1, -2) / d**0.5, dim=-1)  # [B, H, 1, S]
+    per_head = w[:, :, 0]  # [B, H, S]
+    if group == "neighbours":
+        received = per_head.reshape(b, hkv, g, -1).sum(2)
+    elif group == "strided":
+        received = per_head.reshape(b, g, hkv, -1).sum(1)
+    else:
+        received = per_head.reshape(b, hkv, g, -1)[:, :, 0]
+    state["score"] = state["score"] + received
+    return w @ state["v"].repeat_interleave(g, 1), state
+
+
+_H2O_MISTAKES = [
+    (dict(group="first"), "a KV head's score is the attention of all G query heads that share it: sum the group "
+                          "(heads h*G .. h*G+G-1), not only one head"),
+    (dict(group="strided"), "GQA grouping: query heads h*G .. h*G+G-1 share KV head h; sum neighbouring heads "
+                            "(reshape(B, H_kv, G, S)), not every H_kv-th"),
+    (dict(protect=False), "the recent window is protected: a slot whose position is >= t - recent is never the "
+                          "victim, whatever its score"),
+    (dict(carry=False), "the scores must move with their slots: after dropping the victim, gather score with the "
+                        "same index as k, v and pos"),
+    (dict(mean=True), MEAN_IS_A_VARIANT + ": rank by the running sums themselves"),
+]
+
+
+@torch.inference_mode()
+def _course_h2o_trace(model, ids: Tensor, budget: int, recent: int) -> tuple[Tensor, list[Tensor]]:
+    """The course's H2O cache, token by token: logits [B, T, vocab] and the sorted kept positions
+    [L, B, H_kv, S] after every token (the oracle)."""
+    cache = model.new_cache(ids.shape[0], make_policy("h2o", budget, recent=recent, model=model))
+    logits, kept = [], []
+    for t in range(ids.shape[1]):
+        logits.append(model(ids[:, t : t + 1], cache=cache).logits)
+        kept.append(torch.stack([layer.live()[2].sort(dim=-1).values for layer in cache.layers]))
+    return torch.cat(logits, 1), kept
+
+
+def _student_h2o_trace(model, ids: Tensor, step, budget: int, recent: int) -> tuple[Tensor, list[Tensor]]:
+    """``step`` as every layer's attention (``drive_layers``): logits and the kept positions after every token."""
+    from course.exercises.nb03 import drive_layers
+
+    n_layer, seen = model.config.n_layer, []
+
+    def recorded(state, *args):
+        out = step(state, *args)
+        try:
+            seen.append(torch.as_tensor(out[1]["pos"]).sort(dim=-1).values)
+        except (TypeError, KeyError, IndexError):
+            raise Wrong('the state is a dict with "k", "v", "pos" and "score" (see the docstring)') from None
+        return out
+
+    logits = drive_layers(model, ids, recorded, budget, recent)
+    try:
+        kept = [torch.stack(seen[i : i + n_layer]) for i in range(0, len(seen), n_layer)]
+    except RuntimeError:
+        raise Wrong("every KV head keeps the same number of slots: state['pos'] is [B, H_kv, S]") from None
+    return logits, kept
+
+
+@exercise("04.h2o_decode", "Build exercise (H2O's accumulate-and-evict decode loop)", h2o_step, points=3)
+def _check_h2o_decode(fn) -> None:
+    model = tiny_model("llama", seed=6)
+    ids = torch.cat([token_ids(18, seed=6), token_ids(18, seed=7)])
+    for budget, recent in ((7, 3), (5, 1)):
+        want_logits, want_kept = _course_h2o_trace(model, ids, budget, recent)
+        got_logits, got_kept = _student_h2o_trace(model, ids, fn, budget, recent)
+        step = first_difference(got_kept, want_kept)
+        if step is None and close(got_logits, want_logits, 1e-6):
+            continue
+        for settings, hint in _H2O_MISTAKES:
+            wrong = _student_h2o_trace(model, ids, lambda *a, s=settings: _h2o_step(*a, **s), budget, recent)
+            if first_difference(got_kept, wrong[1]) is None and close(got_logits, wrong[0], 1e-6):
+                raise Wrong(hint)
+        if step is None:
+            raise Wrong(f"budget {budget}, recent {recent}: the same slots as the course's H2O but other logits: "
+                        "rotate keys and query by their original positions, scale by 1/sqrt(d), GQA heads share "
+                        "their KV head's slots")
+        raise Wrong(f"budget {budget}, recent {recent}: from token {step} on your cache keeps other slots than the "
+                    f"course's H2O (it fills at token {budget - 1}); a full cache evicts before the new token attends, "
+                    "which then sees exactly budget slots, its own included")

@@ -211,3 +211,111 @@ def _check_snapkv_select(fn) -> None:
     hint = next((h for score, h in _SCORINGS[1:] if top_everywhere(score)), None)
     raise Wrong(hint or "your slots are not the best-voted ones: sum the window's votes per prefix key, pool along "
                 "the keys, average each GQA group, keep the capacity - w best plus the window")
+
+
+# ----------------------------------------------------------------------------- 5. build: compressing a prompt
+@torch.inference_mode()
+def snapkv_compress(model, prompt: Tensor, capacity: int, window: int, kernel: int, pooling: str = "max"):
+    """SnapKV end to end: run the prompt [B, P] through a fresh cache, then cut every layer to ``capacity``
+    slots per KV head, chosen by the last ``window`` queries' votes.
+
+    Per layer: sum the window's attention weights on each prefix key (keys 0 .. P-w-1), pool the votes along
+    the keys (``kernel``, max or avg, stride 1, same length), average each GQA group of query heads
+    (heads h*G .. h*G+G-1 share KV head h), keep the ``capacity - window`` best prefix keys plus the window,
+    in position order (``layer.gather``). Returns the compressed cache.
+    """
+    return _snapkv_compress(model, prompt, capacity, window, kernel, pooling)
+
+
+def _snapkv_compress(model, prompt, capacity, window, kernel, pooling="max", votes="prefix", group="neighbours",
+                     keep_window=True):
+    """``snapkv_compress`` and its typical mistakes: ``votes="all"`` lets the window vote for its own keys too
+    (they then take places of the prefix's and are kept twice), ``group="strided"`` averages heads h, h + H_kv, ...,
+    ``keep_window=False`` keeps the ``capacity`` best prefix keys and drops the window."""
+    b, p = prompt.shape
+    h, hkv = model.config.n_head, model.config.n_kv_head
+    cache = model.new_cache(batch=b)
+    out = model(prompt, cache=cache, output_attentions=True)
+    n_prefix = p - window if votes == "prefix" else p
+    for layer, attn in zip(cache.layers, out.attentions):
+        v = attn[:, :, -window:, :n_prefix].double().sum(dim=2)  # [B, H, P - w]: the window's votes
+        if pooling != "none":  # "none": the checker's mistake of skipping the pooling
+            pool = F.max_pool1d if pooling == "max" else \
+                (lambda x, k, s, pad: F.avg_pool1d(x, k, s, pad, count_include_pad=False))
+            v = pool(v.reshape(b * h, 1, n_prefix), kernel, 1, kernel // 2).reshape(b, h, n_prefix)
+        v = v.reshape(b, hkv, h // hkv, n_prefix).mean(2) if group == "neighbours" else \
+            v.reshape(b, h // hkv, hkv, n_prefix).mean(1)  # [B, H_kv, P - w]
+        if not keep_window:
+            keep = v.topk(capacity, dim=-1).indices
+        else:  # with votes="all" the window's keys compete for the prefix's places (and come back twice)
+            best = v.topk(capacity - window, dim=-1).indices
+            keep = torch.cat([best, torch.arange(p - window, p).expand(b, hkv, window)], dim=-1)
+        layer.gather(keep.sort(dim=-1).values)
+    return cache
+
+
+_SNAPKV_MISTAKES = [
+    (dict(votes="all"), "vote for the prefix keys only (0 .. P-w-1): the window is kept anyway, whatever it scores"),
+    (dict(group="strided"), "GQA grouping: query heads h*G .. h*G+G-1 share KV head h; average neighbouring heads, "
+                            "not every H_kv-th"),
+    (dict(keep_window=False), "keep the observation window itself (the last w slots) in every head, plus the "
+                              "capacity - w best prefix keys"),
+    (dict(pooling="none"), "pool the votes along the keys (kernel, stride 1, padding kernel // 2) before choosing: "
+                           "whole spans survive, not isolated tokens"),
+]
+
+
+def _course_votes(model, prompt: Tensor, policy) -> tuple[list[Tensor], list[tuple[Tensor, Tensor]]]:
+    """The course's SnapKV votes of every layer before compression ([B, H_kv, P], the window protected) and
+    every layer's full keys and values ([B, H_kv, P, d])."""
+    cache = model.new_cache(prompt.shape[0], policy)
+    with torch.inference_mode():
+        model(prompt, cache=cache)
+    return ([layer.stat("snapkv").clone() for layer in cache.layers],
+            [(layer.live()[0].clone(), layer.live()[1].clone()) for layer in cache.layers])
+
+
+def _is_best(kept: Tensor, votes: Tensor, window: int) -> bool:
+    """Is every row of ``kept`` ([B, H_kv, C] positions) the window plus a best-voted set of prefix keys?"""
+    p = votes.shape[-1]
+    for row, v in zip(kept.reshape(-1, kept.shape[-1]), votes.reshape(-1, p).double()):
+        mask = torch.zeros(p, dtype=torch.bool)
+        mask[row] = True
+        if not bool(mask[p - window :].all()) or int(mask.sum()) != len(row):
+            return False
+        prefix_kept, prefix_left = v[: p - window][mask[: p - window]], v[: p - window][~mask[: p - window]]
+        if len(prefix_left) and float(prefix_kept.min()) < float(prefix_left.max()) - 1e-5:
+            return False
+    return True
+
+
+@exercise("05.snapkv_compress", "Build exercise (SnapKV compresses a prompt)", snapkv_compress, points=3)
+def _check_snapkv_compress(fn) -> None:
+    from course.policies import SnapKV
+
+    model = tiny_model("llama", seed=8, n_layer=3)
+    prompt = torch.randint(0, 53, (2, 30), generator=torch.Generator().manual_seed(8))
+    for capacity, window, kernel, pooling in ((12, 4, 3, "avg"), (10, 3, 5, "avg"), (14, 4, 5, "max")):
+        votes, full = _course_votes(model, prompt, SnapKV(capacity, window, kernel, pooling))  # the oracle
+        cache = fn(model, prompt.clone(), capacity, window, kernel, pooling)
+        try:
+            live = [layer.live() for layer in cache.layers]
+        except AttributeError:
+            raise Wrong("return the cache (model.new_cache), compressed in place with layer.gather") from None
+        got = torch.stack([pos.sort(dim=-1).values for _, _, pos in live])  # [L, B, H_kv, C]
+        if got.shape[-1] != capacity:
+            raise Wrong(f"every layer must keep {capacity} slots per KV head, got {got.shape[-1]}")
+        if all(_is_best(g, v, window) for g, v in zip(got, votes)):
+            for (k, v, pos), (k_full, v_full) in zip(live, full):
+                idx = pos[..., None].expand(-1, -1, -1, k.shape[-1])
+                if not (close(k, k_full.gather(2, idx), 1e-9) and close(v, v_full.gather(2, idx), 1e-9)):
+                    raise Wrong("the right positions are kept but not their keys/values: gather keys, values and "
+                                "positions together (layer.gather)")
+            continue
+        for settings, hint in _SNAPKV_MISTAKES:
+            wrong = _snapkv_compress(model, prompt, capacity, window, kernel, **{"pooling": pooling, **settings})
+            if torch.equal(got, torch.stack([layer.live()[2].sort(dim=-1).values for layer in wrong.layers])):
+                raise Wrong(hint)
+        raise Wrong(f"capacity {capacity}, window {window}, kernel {kernel}, {pooling} pooling: your slots are not "
+                    "the best-voted ones of the course's SnapKV (sum the window's weights per prefix key, pool, "
+                    "average each GQA group, keep the capacity - w best plus the window)")

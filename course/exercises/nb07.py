@@ -17,22 +17,22 @@ from course.policies import H2O, FullCache, SlidingWindow, SnapKV
 def cache_tokens(policy: str, budget: int, prompt: int, generated: int) -> int:
     """Tokens a policy holds per KV head after a ``prompt`` and ``generated`` new tokens.
 
-    full keeps everything; window, streaming and h2o never exceed their budget; snapkv compresses
+    full keeps everything; window, streaming, h2o and h2o-mean never exceed their budget; snapkv compresses
     the prompt to its budget once and then keeps every generated token.
     """
     if policy == "full":
         return prompt + generated
-    if policy in ("window", "streaming", "h2o"):
+    if policy in ("window", "streaming", "h2o", "h2o-mean"):
         return min(prompt + generated, budget)
     if policy == "snapkv":
         return min(prompt, budget) + generated
-    raise ValueError(f"policy must be full, window, streaming, h2o or snapkv; got {policy!r}")
+    raise ValueError(f"policy must be full, window, streaming, h2o, h2o-mean or snapkv; got {policy!r}")
 
 
 @exercise("07.cache_tokens", "Exercise 1 (what each policy keeps)", cache_tokens)
 def _check_cache_tokens(fn) -> None:
     cases = [("full", 100, 1000, 50), ("window", 100, 1000, 50), ("streaming", 100, 60, 20), ("h2o", 128, 1000, 500),
-             ("snapkv", 100, 1000, 50), ("snapkv", 100, 60, 10)]
+             ("h2o-mean", 128, 100, 10), ("snapkv", 100, 1000, 50), ("snapkv", 100, 60, 10)]
     for case in cases:
         got, want = fn(*case), cache_tokens(*case)
         if got == want:
@@ -40,7 +40,7 @@ def _check_cache_tokens(fn) -> None:
         policy, budget, prompt, generated = case
         if policy == "snapkv" and got == min(prompt + generated, budget):
             raise Wrong("SnapKV compresses the prompt once; it does not evict while generating, so its cache grows")
-        if policy in ("window", "streaming", "h2o") and got == budget and prompt + generated < budget:
+        if policy in ("window", "streaming", "h2o", "h2o-mean") and got == budget and prompt + generated < budget:
             raise Wrong("a cache cannot hold more tokens than it has seen: min(prompt + generated, budget)")
         if policy == "full" and got == prompt:
             raise Wrong("the full cache keeps the generated tokens too")
@@ -129,14 +129,24 @@ def _check_choose(fn) -> None:
 
 # ----------------------------------------------------------------------------- 4. capstone: a policy of your own
 def my_scores(positions: Tensor, attention: Tensor, seen: int, budget: int) -> Tensor:
-    """Keep-scores of a hybrid policy: pinned sinks, then the recent quarter of the budget, then heavy hitters.
+    """Keep-scores of a hybrid policy: pinned sinks, the recent third of the budget, then heavy hitters by mean
+    attention, smoothed along the stream so that the neighbours of a heavy hitter stay with it (spans).
 
     positions, attention: [H_kv, S] (what the cache knows about each slot); returns [H_kv, S].
     """
-    n_sink, recent = min(4, budget // 4), budget // 4
-    mean_attention = attention / (seen - positions).clamp(min=1)  # normalised: old keys are not favoured
-    scores = torch.where(positions >= seen - recent, 1e9 + positions.float(), mean_attention)
-    return scores.masked_fill(positions < n_sink, math.inf)  # sinks are never evicted
+    n_sink = min(4, max(1, budget // 6))  # the first tokens: the sink
+    recent = max(1, budget // 3)  # the newest tokens: local context
+    age = (seen - positions).clamp(min=1).float()  # how many queries could see each key
+    mean_attention = attention.float() / age  # per query: old keys are not favoured
+    order = positions.argsort(dim=-1)  # slots in stream order (after evictions they are not)
+    in_order = mean_attention.gather(-1, order)[:, None]  # [H_kv, 1, S]
+    pooled = torch.nn.functional.max_pool1d(in_order, 3, stride=1, padding=1)[:, 0]
+    spans = 0.5 * in_order[:, 0] + 0.5 * pooled  # a heavy hitter lifts its neighbours, but less than itself
+    heavy = torch.empty_like(spans).scatter_(-1, order, spans)  # back to slot order
+    tie_break = positions.float() / max(seen, 1) * 1e-6  # equal scores: keep the newer
+    scores = heavy + tie_break
+    scores = torch.where(positions >= seen - recent, 1e9 + positions.float(), scores)  # recent: always kept
+    return scores.masked_fill(positions < n_sink, math.inf)  # sinks: never evicted
 
 
 def _slots(h: int, s: int, seen: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -148,7 +158,16 @@ def _slots(h: int, s: int, seen: int, seed: int) -> tuple[Tensor, Tensor]:
     return kept.gather(1, order), torch.rand(h, s, generator=g) * 3
 
 
-@exercise("07.my_policy", "Exercise 4 (a policy of your own, evaluated by the protocol)", my_scores, points=2)
+def _on_held_out(fn) -> str:
+    """The autograder's measurement (``course.instructor.grading.capstone``): perplexity on held-out passages
+    against StreamingLLM and the plain window at the same budget."""
+    from course.instructor.grading.capstone import judge
+
+    return judge(fn)
+
+
+@exercise("07.my_policy", "Exercise 4 (a policy of your own, graded on held-out passages)", my_scores, points=2,
+          graded=_on_held_out)
 def _check_my_policy(fn) -> None:
     budget, seen = 12, 40
     positions, attention = _slots(2, budget, seen, seed=5)

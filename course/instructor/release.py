@@ -90,8 +90,17 @@ def _banner(solution_name: str) -> nbformat.NotebookNode:
     return nbformat.v4.new_markdown_cell(text, id=BANNER_ID)
 
 
-def student_notebook(solution_text: str, solution_name: str) -> str:
-    """The student copy (serialised, as written to disk) of a solution notebook given as JSON text."""
+_QUESTION_CHECK = re.compile(r'^(\s*\w+\s*=\s*check\("\d\d\.q_\w+",\s*\w+,\s*autofill=AUTOFILL)\)\s*$')
+
+
+def hide_answers(source: str) -> str:
+    """A question's check cell, rewritten so that the check says only whether the answer is well-formed."""
+    return "\n".join(_QUESTION_CHECK.sub(r'\1, answers="hidden")', line) for line in source.split("\n"))
+
+
+def student_notebook(solution_text: str, solution_name: str, hidden_answers: bool = False) -> str:
+    """The student copy (serialised, as written to disk) of a solution notebook given as JSON text; with
+    ``hidden_answers``, the questions' checks only say whether an answer is well-formed (graded use)."""
     try:
         nb = nbformat.v4.reads(solution_text)  # plain JSON: no validation, no ids invented
     except json.JSONDecodeError as e:
@@ -104,6 +113,8 @@ def student_notebook(solution_text: str, solution_name: str) -> str:
         if cell.get("id") == BANNER_ID:
             raise ReleaseError(f"{where}: the id {BANNER_ID!r} is reserved for the banner of the student copy")
         cell.source = strip_solutions(cell.source, where, cell.cell_type)
+        if cell.cell_type == "code" and hidden_answers:
+            cell.source = hide_answers(cell.source)
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
@@ -120,8 +131,9 @@ def _solutions(solution_dir: Path) -> list[Path]:
     return found
 
 
-def _expected(solution_dir: Path) -> dict[str, str]:
-    return {p.name: student_notebook(p.read_text(encoding="utf-8"), p.name) for p in _solutions(solution_dir)}
+def _expected(solution_dir: Path, hidden_answers: bool = False) -> dict[str, str]:
+    return {p.name: student_notebook(p.read_text(encoding="utf-8"), p.name, hidden_answers)
+            for p in _solutions(solution_dir)}
 
 
 def _written_by_release(path: Path) -> bool:
@@ -146,13 +158,14 @@ def _refuse_destructive(solution_dir: Path, student_dir: Path, expected: dict[st
                            f"banner): {', '.join(p.name for p in foreign)}; move them or choose another folder")
 
 
-def release(solution_dir: Path, student_dir: Path) -> list[Path]:
+def release(solution_dir: Path, student_dir: Path, hidden_answers: bool = False) -> list[Path]:
     """Write the student copy of every solution notebook; remove student copies whose solution is gone.
+    ``hidden_answers``: for graded use, the questions' checks only say whether an answer is well-formed.
 
     Every notebook is converted, and the output folder checked, before anything is written, so a bad
     marker or a destructive ``student_dir`` changes no file. Returns the paths written.
     """
-    expected = _expected(solution_dir)
+    expected = _expected(solution_dir, hidden_answers)
     _refuse_destructive(solution_dir, student_dir, expected)
     student_dir.mkdir(parents=True, exist_ok=True)
     for stale in student_dir.glob(SOLUTION_GLOB):

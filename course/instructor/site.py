@@ -1,4 +1,5 @@
-"""The course as a static site: every executed notebook as one HTML page, a landing page and a benchmarks page.
+"""The course as a static site: every executed notebook as one HTML page, a landing page, a benchmarks page,
+the references and the reproduction table.
 
     python -m course site [--from outputs] [--out site] [--partial]
 
@@ -7,7 +8,11 @@ already inside the executed notebook as PNG data and stay in the page, so a page
 what the notebooks' own tools (papermill, nbval, JupyterLab) already install, and it needs no Node or MyST
 tool chain; the rest — the landing page with the README's table of notebooks, the benchmarks page rendered
 from ``docs/benchmarks.md`` (and ``docs/notebook-times.md`` when it exists) and a bar of links on every page
-(index, benchmarks, previous and next notebook, Colab where the course's home is set) — is a few lines here.
+(index, benchmarks, references, reproductions, previous and next notebook, Colab where the course's home is
+set) — is a few lines here. ``docs/references.md`` becomes ``references.html``; ``reproductions.html`` is
+the reproduction table of the executed notebooks shown (``course.instructor.reproductions``;
+``docs/reproductions.md`` where they recorded no rows); the notebooks' links to them
+(``../docs/references.md``) are pointed at those pages.
 
 A notebook that was not executed, or that holds an error output, is refused: the site shows results, so a
 page without them would be a silent failure. With ``partial=True`` notebooks missing from the folder are
@@ -24,9 +29,15 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["NotebookEntry", "notebook_table", "check_executed", "build_site", "INDEX", "BENCHMARKS"]
+__all__ = ["NotebookEntry", "notebook_table", "check_executed", "build_site", "INDEX", "BENCHMARKS", "REFERENCES",
+           "REPRODUCTIONS"]
 
 INDEX, BENCHMARKS = "index.html", "benchmarks.html"
+REFERENCES, REPRODUCTIONS = "references.html", "reproductions.html"
+DOC_PAGES = {REFERENCES: ("References", "references.md", "No references page: docs/references.md is missing."),
+             REPRODUCTIONS: ("Reproductions", "reproductions.md",
+                             "No reproduction table has been written (<code>python -m course reproductions</code>).")}
+DOC_LINK = re.compile(r'href="(?:\.\./)*(?:docs/)?(references|reproductions)\.md(#[^"]*)?"')
 ROW = re.compile(r"^\| `(\d\d_\w+)` \| (.+?) \|\s*$", re.M)
 IMAGE = re.compile(r'(<img[^>]*\bsrc=")([^":#?]+)(")')  # a relative image path in rendered markdown
 BENCH_DOCS = ("benchmarks.md", "notebook-times.md")
@@ -101,7 +112,8 @@ def _run_line(nb: nbformat.NotebookNode) -> str:
 
 def _nav(entries: list[NotebookEntry], built: set[str], here: str, colab: dict[str, str]) -> str:
     """The bar of links at the top and bottom of every page."""
-    links = [f'<a href="{INDEX}" rel="index">Index</a>', f'<a href="{BENCHMARKS}">Benchmarks</a>']
+    links = [f'<a href="{INDEX}" rel="index">Index</a>', f'<a href="{BENCHMARKS}">Benchmarks</a>',
+             f'<a href="{REFERENCES}">References</a>', f'<a href="{REPRODUCTIONS}">Reproductions</a>']
     names = [e.name for e in entries if e.name in built]
     if here in names:
         i = names.index(here)
@@ -131,6 +143,11 @@ def _markdown(text: str) -> str:
 def _inline_markdown(text: str) -> str:
     """One line of markdown as inline HTML (no enclosing paragraph)."""
     return re.sub(r"^\s*<p>(.*)</p>\s*$", r"\1", _markdown(text), flags=re.S)
+
+
+def _doc_links(rendered: str) -> str:
+    """Point links to docs/references.md and docs/reproductions.md at their pages on the site."""
+    return DOC_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', rendered)
 
 
 def _copy_images(rendered: str, src_dir: Path, out: Path) -> str:
@@ -175,7 +192,9 @@ def _index(readme: str, entries: list[NotebookEntry], built: set[str], colab: di
     run_notes = "".join(f"<li>{html.escape(n)}: {html.escape(r)}</li>" for n, r in runs.items() if r)
     return (f"<h1>attention-sinks-course</h1>{_markdown(intro)}"
             f"<table><thead><tr><th>notebook</th><th>teaches</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-            f'{links}<p>Measured speed and memory: <a href="{BENCHMARKS}">benchmarks</a>.</p>'
+            f'{links}<p>Measured speed and memory: <a href="{BENCHMARKS}">benchmarks</a>. Every paper the course '
+            f'cites: <a href="{REFERENCES}">references</a>; every published result it re-runs, beside its own '
+            f'number and a verdict: <a href="{REPRODUCTIONS}">reproductions</a>.</p>'
             + (f"<h2>How these pages were made</h2><ul>{run_notes}</ul>" if run_notes else ""))
 
 
@@ -202,13 +221,13 @@ def build_site(executed: Path | str, out: Path | str, root: Path | str, partial:
         check_executed(nb, found[name])
 
     out.mkdir(parents=True, exist_ok=True)
-    for old in [INDEX, BENCHMARKS] + [e.page for e in entries]:  # only what a build writes
+    for old in [INDEX, BENCHMARKS, *DOC_PAGES] + [e.page for e in entries]:  # only what a build writes
         (out / old).unlink(missing_ok=True)
     shutil.rmtree(out / "images", ignore_errors=True)
     colab, binder = _colab_links(root, entries)
     built = set(found)
     exporter = HTMLExporter(template_name="lab", embed_images=True)
-    pages, runs = [INDEX, BENCHMARKS], {}
+    pages, runs = [INDEX, BENCHMARKS, *DOC_PAGES], {}
     for name, nb in notebooks.items():
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(found[name].parent),
                                                                         "name": _title(nb, name)}})
@@ -219,6 +238,7 @@ def build_site(executed: Path | str, out: Path | str, root: Path | str, partial:
         before, sep, after = body.rpartition("</main>")
         body = before + nav + sep + after if sep else body
         body = body.replace("</head>", f"<style>{CSS}</style></head>", 1)
+        body = _doc_links(body)
         (out / f"{name}.html").write_text(body, encoding="utf-8")
         pages.append(f"{name}.html")
 
@@ -230,4 +250,13 @@ def build_site(executed: Path | str, out: Path | str, root: Path | str, partial:
     if not bench:
         bench = ["<h1>Benchmarks</h1><p>No benchmark has been recorded (<code>python -m course bench</code>).</p>"]
     (out / BENCHMARKS).write_text(_page("Benchmarks", "<hr>".join(bench), nav), encoding="utf-8")
+    from course.instructor.reproductions import read_rows, render
+
+    rows, run_params = read_rows(executed)  # the table of the notebooks shown, when they recorded rows
+    for page, (title, doc, absent) in DOC_PAGES.items():
+        path = root / "docs" / doc
+        text = render(rows, run_params) if page == REPRODUCTIONS and rows else \
+            path.read_text(encoding="utf-8") if path.is_file() else None
+        body = _doc_links(_markdown(text)) if text is not None else f"<h1>{title}</h1><p>{absent}</p>"
+        (out / page).write_text(_page(title, body, nav), encoding="utf-8")
     return {"out": str(out), "pages": pages, "notebooks": list(found), "missing": missing}

@@ -16,7 +16,8 @@ submission's resources and lifetime, it does not hide your files from it (see do
 
 Every registered exercise of the notebook (``course.exercises.REGISTRY``, ids ``"NN.*"``) gets one row:
 ``student, notebook, exercise, points, max_points, status, feedback, submission, sha256``. ``status``
-is the checker's (``pass``, ``wrong``, ``error``: the function raised, ``not_done``), or ``forwarded``
+is the checker's (``pass``, ``partial``: a measurement earned part of the points, ``wrong``, ``error``: the
+function raised, ``not_done``), or ``forwarded``
 (the function calls the course's reference implementation), ``review`` (correct, but the notebook
 reaches into the grader: points withheld), ``timeout``, ``not_reached`` (the feedback says why),
 ``duplicate``, or ``error`` for a notebook that could not be run at all. A submission that cannot be
@@ -278,11 +279,12 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
     for ex in exercises:
         result = results.get(ex.id)
         status, feedback = (result.status, result.feedback) if result else _why_not_checked(nb, ex.id, run)
-        if status == "pass" and internals:
-            status = "review"
+        points = (ex.points if status == "pass" else result.points if status == "partial" else 0) if result else 0
+        if status in ("pass", "partial") and internals:
+            status, points = "review", 0
             feedback = ("correct, but the notebook reaches into the grader, points withheld until reviewed: "
                         + "; ".join(internals[:3]))
-        rows.append(_row(sub, ex.id, ex.points if status == "pass" else 0, ex.points, status, feedback, digest))
+        rows.append(_row(sub, ex.id, points, ex.points, status, feedback, digest))
     return rows
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from course.instructor.grading import wire
-from course.exercises.core import Exercise, StudentRaised, result_of
+from course.exercises.core import Exercise, StudentRaised, outcome
 
 __all__ = ["CheckServer", "CheckResult", "StudentFunction", "WorkerLost"]
 
@@ -40,8 +40,9 @@ class WorkerLost(BaseException):
 
 @dataclass(frozen=True)
 class CheckResult:
-    status: str  # pass, wrong, error, not_done, forwarded, timeout
+    status: str  # pass, partial, wrong, error, not_done, forwarded, timeout
     feedback: str
+    points: int = 0  # what the check earned (all of the exercise's on pass)
 
 
 class _Handles:
@@ -162,7 +163,7 @@ def check_remotely(ex: Exercise, conn: socket.socket, is_reference: bool, time_l
     broke off (its cell's outcome then explains what happened)."""
     fn = StudentFunction(conn, monotonic() + time_limit)
     try:
-        status, feedback = result_of(ex, fn)
+        status, feedback, points = outcome(ex, fn, graded=True)
     except WorkerLost as lost:
         if lost.timed_out:
             return CheckResult("timeout", f"timed out after {time_limit:g} s while your function was checked "
@@ -171,7 +172,7 @@ def check_remotely(ex: Exercise, conn: socket.socket, is_reference: bool, time_l
     if is_reference or fn.reached_reference:
         return CheckResult("forwarded", f"your function calls the course's reference implementation "
                                         f"({_reference_name(ex)}) instead of computing the answer")
-    return CheckResult(status, feedback)
+    return CheckResult(status, feedback, points)
 
 
 class CheckServer:

@@ -159,12 +159,13 @@ def grading_report(result: dict, projection: dict, command: str) -> str:
     return "\n".join(lines)
 
 
-def write_report(path: Path, text: str) -> Path:
-    """Put ``text`` between the markers in ``path`` (appended, with the markers, when they are not there)."""
+def write_report(path: Path, text: str, begin: str = BEGIN, end: str = END) -> Path:
+    """Put ``text`` between the markers ``begin`` and ``end`` in ``path`` (appended, with the markers, when they
+    are not there)."""
     old = path.read_text(encoding="utf-8") if path.exists() else ""
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in old and END in old:
-        new = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+    block = f"{begin}\n{text}\n{end}"
+    if begin in old and end in old:
+        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
     else:
         new = old.rstrip("\n") + ("\n\n" if old else "") + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)

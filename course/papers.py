@@ -1,0 +1,191 @@
+"""The published numbers the course quotes, each with the paper, the table or figure and the setting.
+
+Every number a notebook's prose quotes from a paper is in ``RESULTS`` (``tests/test_papers.py`` fails when a
+notebook quotes one that is not), and a notebook that re-runs a result compares its own number with the
+value from here (``course.claims.reproduction``), so a quoted number has one source. ``docs/references.md``
+lists the works in ``PAPERS`` in full.
+
+    from course.papers import value
+    value("streamingllm.table1", "0+1024")     # 5158.07
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["Paper", "PaperResult", "PAPERS", "RESULTS", "value", "result", "quoted_numbers"]
+
+
+@dataclass(frozen=True)
+class Paper:
+    """A cited work: ``key`` (used by results), authors, year, title and where to find it."""
+
+    key: str
+    authors: str
+    year: int | None   # None: undated
+    title: str
+    arxiv: str | None = None   # e.g. "2309.17453"
+    url: str | None = None     # where there is no arXiv ID (a blog post, a repository)
+    short: str | None = None   # how the course names it where authors are unknown
+
+    @property
+    def cite(self) -> str:
+        """A short citation: authors, year and arXiv ID (or address)."""
+        where = f"arXiv {self.arxiv}" if self.arxiv else (self.url or "")
+        if self.short:
+            return self.short
+        first = self.authors.split(",")[0].split(" and ")[0].split()[-1]
+        many = "," in self.authors or " and " in self.authors
+        year = self.year or "n.d."
+        return f"{first}{' et al.' if many else ''} ({year}{', ' + where if where else ''})"
+
+
+@dataclass(frozen=True)
+class PaperResult:
+    """Numbers from one table or figure of a paper.
+
+    ``values`` maps a label (a cache configuration, a method) to the published number; ``setting`` says what
+    was measured on what (model, data, cache), and its numbers count as quoted too (``quoted_numbers``)."""
+
+    key: str
+    paper: str
+    where: str                 # "Table 2", "Figure 1", "§4.5", "abstract"
+    setting: str
+    values: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        """``Xiao et al. (2023, arXiv 2309.17453), Table 2``."""
+        return f"{PAPERS[self.paper].cite}, {self.where}"
+
+
+PAPERS: dict[str, Paper] = {p.key: p for p in [
+    Paper("streamingllm", "Guangxuan Xiao, Yuandong Tian, Beidi Chen, Song Han and Mike Lewis", 2023,
+          "Efficient Streaming Language Models with Attention Sinks (ICLR 2024)", arxiv="2309.17453"),
+    Paper("h2o", "Zhenyu Zhang, Ying Sheng, Tianyi Zhou, Tianlong Chen, Lianmin Zheng, Ruisi Cai, Zhao Song, "
+          "Yuandong Tian, Christopher Ré, Clark Barrett, Zhangyang Wang and Beidi Chen", 2023,
+          "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language Models (NeurIPS 2023)",
+          arxiv="2306.14048"),
+    Paper("snapkv", "Yuhong Li, Yingbing Huang, Bowen Yang, Bharat Venkitesh, Acyr Locatelli, Hanchen Ye, "
+          "Tianle Cai, Patrick Lewis and Deming Chen", 2024,
+          "SnapKV: LLM Knows What You are Looking for Before Generation", arxiv="2404.14469"),
+    Paper("massive", "Mingjie Sun, Xinlei Chen, J. Zico Kolter and Zhuang Liu", 2024,
+          "Massive Activations in Large Language Models (COLM 2024)", arxiv="2402.17762"),
+    Paper("active-dormant", "Tianyu Guo, Druv Pai, Yu Bai, Jiantao Jiao, Michael I. Jordan and Song Mei", 2024,
+          "Active-Dormant Attention Heads: Mechanistically Demystifying Extreme-Token Phenomena in LLMs",
+          arxiv="2410.13835"),
+    Paper("miller", "Evan Miller", 2023, "Attention Is Off By One (blog post)",
+          url="https://www.evanmiller.org/attention-is-off-by-one.html"),
+    Paper("deepseek-v2", "DeepSeek-AI", 2024,
+          "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model", arxiv="2405.04434"),
+    Paper("kvpress", "NVIDIA", 2024, "kvpress: LLM KV cache compression made easy (software)",
+          url="https://github.com/NVIDIA/kvpress"),
+    Paper("gpt2-replication", "an unsigned blog post", None,
+          "Efficient Streaming Language Models with Attention Sinks (a replication of the sliding-window collapse "
+          "with GPT-2)", short="the public GPT-2 replication"),
+    Paper("eviction-article", "an unsigned practitioners' article", None,
+          "untitled article on KV-cache eviction policies and the attention sink",
+          short="the eviction-policy article"),
+]}
+
+RESULTS: dict[str, PaperResult] = {r.key: r for r in [
+    PaperResult("streamingllm.table1", "streamingllm", "Table 1",
+                "Llama-2-13B, first book of the PG-19 test set (65K tokens), cache 0+1024 / 4+1020",
+                {"0+1024": 5158.07, "4+1020": 5.40, '4"\\n"+1020': 5.60}),
+    PaperResult("streamingllm.figure1", "streamingllm", "Figure 1",
+                "Llama-2-13B, first PG-19 book, cache 1024 (dense: past the trained length of 4096)",
+                {"dense": 5641, "window": 5158, "recomputation": 5.43, "StreamingLLM": 5.40}),
+    PaperResult("streamingllm.table2.llama2", "streamingllm", "Table 2",
+                "Llama-2-7B, 400K tokens of concatenated PG-19, cache 0+4096 / 1+4095 / 2+4094 / 4+4092 / 8+4088",
+                {"0": 3359.95, "1": 11.88, "2": 10.51, "4": 9.59, "8": 9.54}),
+    PaperResult("streamingllm.table2.falcon", "streamingllm", "Table 2",
+                "Falcon-7B, 400K tokens of concatenated PG-19, cache 0+2048 / 1+2047 / 2+2046 / 4+2044 / 8+2040",
+                {"0": 17.90, "1": 12.12, "2": 12.12, "4": 12.12, "8": 12.12}),
+    PaperResult("streamingllm.table2.mpt", "streamingllm", "Table 2",
+                "MPT-7B, 400K tokens of concatenated PG-19, cache 0+2048 ... 8+2040",
+                {"0": 460.29, "1": 14.99, "2": 15.00, "4": 14.99, "8": 14.98}),
+    PaperResult("streamingllm.table2.pythia", "streamingllm", "Table 2",
+                "Pythia-12B, 400K tokens of concatenated PG-19, cache 0+2048 ... 8+2040",
+                {"0": 21.62, "1": 11.95, "2": 12.09, "4": 12.09, "8": 12.02}),
+    PaperResult("streamingllm.table3", "streamingllm", "Table 3",
+                "three 160M-parameter models pretrained from scratch (§3.3, Pythia-160M recipe, the Pile), "
+                "first PG-19 sample, cache 0+1024 / 1+1023 / 2+1022 / 4+1020",
+                {"vanilla 0": 27.87, "vanilla 1": 18.49, "vanilla 2": 18.05, "vanilla 4": 18.05,
+                 "zero sink 0": 29214, "zero sink 1": 19.90, "zero sink 2": 18.27, "zero sink 4": 18.01,
+                 "sink token 0": 1235, "sink token 1": 18.01, "sink token 2": 18.01, "sink token 4": 18.02}),
+    PaperResult("streamingllm.figure5", "streamingllm", "Figure 5",
+                "Llama-2-[7,13,70]B, Falcon-[7,40]B, Pythia-[2.8,6.9,12]B and MPT-[7,30]B streaming the "
+                "concatenated PG-19 test set (100 books): perplexity stays stable",
+                {"tokens streamed, millions": 4}),
+    PaperResult("streamingllm.speedup", "streamingllm", "§4.5, Figure 10",
+                "Llama-2-7B and -13B on one A6000: per-token decoding latency against sliding window with "
+                "recomputation, up to a 4096-token cache",
+                {"speed-up": 22.2}),
+    PaperResult("streamingllm.figure12", "streamingllm", "Appendix F, Figure 12",
+                "Llama-2-7B, 256 sequences of 4096 tokens: the 4096th token's attention on the first token, "
+                "per layer",
+                {"share of attention on the first token, most layers": 0.5, "bottom layers without a sink": 2}),
+    PaperResult("streamingllm.streameval", "streamingllm", "§4.3, Figure 8",
+                "StreamEval: a query every 10 lines, each answer 20 lines (about 460 tokens) back",
+                {"lines between queries": 10, "lines back": 20, "tokens back": 460}),
+    PaperResult("streamingllm.table7", "streamingllm", "Appendix C, Table 7",
+                "StreamEval with Llama-2-7B-32K-Instruct, 23 tokens a line, cache 4+2044: accuracy when the "
+                "answer lies 20 lines back (inside the cache) and 100 lines back (beyond it)",
+                {"20 lines, 4+2044": 85.80, "100 lines, 4+2044": 0.00}),
+    PaperResult("h2o.table2", "h2o", "Table 2",
+                "OPT-30B, COPA, 20 % KV-cache budget (heavy hitters + recent) against the full cache",
+                {"H2O": 84.0, "full cache": 85.0}),
+    PaperResult("snapkv.abstract", "snapkv", "abstract",
+                "16K-token inputs, against the full-cache baseline",
+                {"decoding speed-up": 3.6, "memory efficiency": 8.2}),
+    PaperResult("massive.abstract", "massive", "abstract",
+                "very few activations are far larger than the others",
+                {"times larger than the others": 100000}),
+    PaperResult("massive.figure1", "massive", "Figure 1",
+                "LLaMA2-7B: massive activations in two fixed feature dimensions (1415, 2533), at the starting "
+                "token and at the first period or newline token",
+                {}),
+    PaperResult("active-dormant.abstract", "active-dormant", "abstract",
+                "attention sinks, value-state drains (small values of the sink token) and residual-state peaks, "
+                "in toy transformers and in Llama and OLMo",
+                {}),
+    PaperResult("gpt2-replication", "gpt2-replication", "its only figure",
+                "GPT-2 (124M), sliding-window cache of 256 inside a 1024-token context",
+                {"perplexity before": 10, "perplexity after token 257": 3000}),
+    PaperResult("deepseek-v2.table1", "deepseek-v2", "Table 1, §2.1",
+                "DeepSeek-V2: MLA caches (d_c + d_h^R) numbers per token and layer, d_c = 512 (kv_lora_rank), "
+                "d_h^R = 64 (qk_rope_head_dim), 60 layers",
+                {"d_c": 512, "d_h^R": 64, "numbers per token and layer": 576}),
+]}
+
+
+def result(key: str) -> PaperResult:
+    """The published result ``key``; an unknown key raises ``KeyError`` listing the known ones."""
+    if key not in RESULTS:
+        raise KeyError(f"no paper result {key!r}; known: {', '.join(sorted(RESULTS))}")
+    return RESULTS[key]
+
+
+def value(key: str, label: str) -> float:
+    """One published number: ``value("streamingllm.table2.llama2", "4")`` -> 9.59."""
+    r = result(key)
+    if label not in r.values:
+        raise KeyError(f"{key} ({r.source}) has no value {label!r}; it has {', '.join(r.values)}")
+    return r.values[label]
+
+
+NUMBER = re.compile(r"(?<![\w.])(?:\d{1,3}(?:[ ,]\d{3})+(?![\d.])|\d+(?:\.\d+)?)")
+
+
+def numbers_in(text: str) -> set[float]:
+    """Every number written in ``text`` (``5 641`` and ``5,641`` read as 5641; ``400K`` as 400)."""
+    return {float(re.sub(r"[ ,]", "", m.group(0))) for m in NUMBER.finditer(text)}
+
+
+def quoted_numbers() -> set[float]:
+    """Every number the table holds: published values and the numbers of their settings."""
+    out: set[float] = set()
+    for r in RESULTS.values():
+        out |= {float(v) for v in r.values.values()} | numbers_in(r.setting) | numbers_in(" ".join(r.values))
+    return out
