@@ -116,7 +116,7 @@ def test_site_executes_every_solution_then_builds_the_site(clone, args, fast):
     assert [c.split()[2] for c in calls] == [f"notebooks/{n}" for n in solutions]
     assert all(c.endswith(f"-p FAST {fast}") for c in calls)
     pages = sorted(p.name for p in (clone / "site").glob("*.html"))
-    assert pages == sorted(["index.html", "benchmarks.html"] + [n.replace(".ipynb", ".html") for n in solutions])
+    assert pages == sorted(["index.html", "benchmarks.html", "references.html", "reproductions.html"] + [n.replace(".ipynb", ".html") for n in solutions])
     assert f"{len(pages)} pages in site/" in proc.stdout
     assert git(clone, "status", "--porcelain") == ""  # outputs/ and site/ are ignored
 
