@@ -22,5 +22,5 @@ python -m pip install -q -e ".[dev]"
 echo "== fetching the offline model and corpus (once)"
 python -m course fetch
 echo "== training notebook 06's tiny models (once: stored in the course cache)"
-python -m course train --all-variants --seeds 3 --preset fast --windows 2
+python -m course train --all-variants --seeds 3 --preset fast --windows 2 --jobs 2
 python -m course info

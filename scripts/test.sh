@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Set up (see setup.sh) and check an instructor's install in a fresh venv (check-instructor-install.sh), then run
-# the whole test suite on SmolLM2-135M: every solution notebook executed
-# once, top to bottom, in FAST mode into outputs/ (papermill: an error or a failed assertion stops the
-# run); the unit tests, the student copies under nbval (with AUTOFILL) and the browser test of the course
-# site built from outputs/; then every solution notebook again on gpt2-random (GPT-2's architecture and
-# shapes, random weights), which proves the GPT-2 code paths offline: its claims are recorded, not asserted.
+# the whole test suite: every solution notebook executed once, top to bottom, in FAST mode on SmolLM2-135M into
+# outputs/ (papermill: an error or a failed assertion stops the run; the notebooks' scientific claims are asserted
+# there); the unit tests and the browser test of the course site built from outputs/; then every student copy under
+# nbval (with AUTOFILL, so each exercise runs the reference) on gpt2-random (GPT-2's architecture and shapes, random
+# weights), which proves the student copies and the GPT-2 code paths offline: its claims are recorded, not asserted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -14,5 +14,5 @@ bash scripts/check-instructor-install.sh  # an instructor's install from scratch
 export COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg COURSE_PROGRESS=text
 # the notebooks draw their figures inline (the site shows them): no MPLBACKEND for their kernels
 env -u MPLBACKEND COURSE_SET_UP=1 bash scripts/run-course.sh --execute --fast
-COURSE_EXECUTED=outputs python -m pytest -p no:cacheprovider tests notebooks/student --nbval-lax --nbval-current-env "$@"
-COURSE_MODEL=gpt2-random python -m pytest -p no:cacheprovider notebooks/[0-9]*.ipynb --nbval-lax --nbval-current-env "$@"
+COURSE_EXECUTED=outputs python -m pytest -p no:cacheprovider tests "$@"
+COURSE_MODEL=gpt2-random python -m pytest -p no:cacheprovider notebooks/student --nbval-lax --nbval-current-env "$@"

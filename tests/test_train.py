@@ -154,6 +154,26 @@ def test_train_cli_all_variants_over_seeds(tmp_path, monkeypatch, capsys):
     assert len(err.splitlines()) == 1
 
 
+def test_train_cli_jobs_train_the_same_runs_in_processes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path / "serial"))
+    argv = ["train", "--variant", "vanilla", "--seeds", "3", "--steps", "3", "--windows", "2"]
+    assert main(argv + ["--json"]) == 0
+    serial = json.loads(capsys.readouterr().out)["runs"]
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path / "jobs"))
+    assert main(argv + ["--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "training 3 runs, 2 at once" in out and "[3/3] vanilla on bigram-backcopy" in out
+    monkeypatch.setenv("COURSE_CACHE", str(tmp_path / "jobs-json"))
+    assert main(argv + ["--jobs", "2", "--json"]) == 0
+    parallel = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["seed"] for r in parallel] == [0, 1, 2] and not any(r["loaded_from_cache"] for r in parallel)
+    for a, b in zip(serial, parallel):  # other threads sum in another order: equal up to round-off
+        assert a["final_loss"] == pytest.approx(b["final_loss"], abs=1e-3)
+        assert a["full_loss"] == pytest.approx(b["full_loss"], abs=1e-3)
+    assert main(argv + ["--jobs", "2", "--device", "cuda"]) == 2
+    assert "--jobs 2: several training processes run on the CPU only" in capsys.readouterr().err
+
+
 def test_fast_preset_is_smaller_than_full():
     fast, full = variant_config("sink-token", "fast"), variant_config("sink-token", "full")
     work = lambda c: c.steps * c.batch * c.seq_len * c.n_layer * c.d_model
