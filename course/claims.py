@@ -184,6 +184,8 @@ def show_reproductions(notebook: str) -> list[Reproduction]:
         display({"text/plain": text, REPRODUCTION_MIME: {"notebook": notebook, "rows": [asdict(r) for r in rows]}},
                 raw=True)
     return rows
+
+
 def report(holds: bool, statement: str, model, numbers: str) -> bool:
     """Check a published finding without asserting it: print ``statement`` with this run's ``numbers`` and the
     verdict, "reproduced" or "not reproduced at this scale", record it in ``RECORDED`` and return ``holds``.

@@ -279,7 +279,7 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
     for ex in exercises:
         result = results.get(ex.id)
         status, feedback = (result.status, result.feedback) if result else _why_not_checked(nb, ex.id, run)
-        points = (ex.points if status == "pass" else result.points if status == "partial" else 0) if result else 0
+        points = result.points if result else 0  # the check's: all on pass, some on partial, else none
         if status in ("pass", "partial") and internals:
             status, points = "review", 0
             feedback = ("correct, but the notebook reaches into the grader, points withheld until reviewed: "
