@@ -473,6 +473,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--competing", action="store_true",
                    help="with --notebooks or --threads: measure again next to one CPU-bound process")
     p.add_argument("--notebook-dir", default="notebooks", help="with --notebooks: folder of the notebooks to run")
+    p.add_argument("--only", nargs="+", default=None, metavar="NN",
+                   help="with --notebooks: run only the notebooks with these numbers (e.g. --only 01 05); at full "
+                        "size the table keeps the earlier times of the others")
     p.add_argument("--copies", type=positive_int, default=8, help="with --grading: submissions per run (default 8)")
     p.add_argument("--jobs", type=jobs_count, nargs="+", default=None,
                    help="with --grading: the --jobs values to measure (default: 1 and every core)")
@@ -491,6 +494,8 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
     """Flags that belong to another kind of benchmark: refused by name."""
     if args.fast and not args.notebooks:
         raise ValueError("--fast applies to --notebooks only")
+    if args.only is not None and not args.notebooks:
+        raise ValueError("--only applies to --notebooks only")
     if args.competing and not (args.notebooks or args.threads):
         raise ValueError("--competing applies to --notebooks or --threads only")
     if args.report is not None and not (args.notebooks or args.threads or args.grading or args.transformers_cache):
@@ -508,11 +513,18 @@ def _bench_notebooks(args: argparse.Namespace) -> dict:
     require("bench --notebooks", "nbformat", "papermill", "ipykernel")
     from course.instructor.notebook_times import budget_verdict, time_notebooks, times_table, write_times
 
-    paths = sorted(Path(args.notebook_dir).glob("[0-9]*.ipynb"))
-    if not paths:
+    every = sorted(Path(args.notebook_dir).glob("[0-9]*.ipynb"))
+    if not every:
         raise ValueError(f"--notebook-dir must hold numbered notebooks (01_*.ipynb ...); none in {args.notebook_dir}")
+    numbers = {p.name[:2] for p in every}
+    unknown = sorted(set(args.only or ()) - numbers)
+    if unknown:
+        raise ValueError(f"--only must name notebook numbers of {args.notebook_dir} ({', '.join(sorted(numbers))}); "
+                         f"got {', '.join(unknown)}")
+    paths = [p for p in every if args.only is None or p.name[:2] in args.only]
     rows = time_notebooks(paths, Path(args.out) / "notebooks", args.fast, args.competing, verbose=not args.json)
-    report = write_times(rows, Path(args.report or "docs/notebook-times.md"), args.fast)
+    report = write_times(rows, Path(args.report or "docs/notebook-times.md"), args.fast,
+                         notebooks=[p.stem for p in every])
     if not args.json:
         print(times_table(rows))
         if args.fast:

@@ -76,3 +76,40 @@ def test_flags_of_another_benchmark_are_refused_by_name(args, message, capsys):
 def test_a_folder_without_notebooks_is_refused(tmp_path, capsys):
     assert main(["bench", "--notebooks", "--notebook-dir", str(tmp_path)]) == 2
     assert "--notebook-dir must hold numbered notebooks" in capsys.readouterr().err
+
+
+def test_fast_and_full_tables_live_side_by_side_and_full_rows_accumulate(tmp_path):
+    from course.instructor.notebook_times import read_times, write_times
+
+    report, names = tmp_path / "times.md", ["01_a", "02_b", "03_c"]
+    write_times([{"notebook": n, "quiet_s": 60.0 + i} for i, n in enumerate(names)], report, fast=True, notebooks=names)
+    write_times([{"notebook": "02_b", "quiet_s": 600.0}], report, fast=False, notebooks=names)
+    text = report.read_text()
+    assert text.index("## FAST") < text.index("## Full size")
+    assert "Not timed at full size on this machine yet: 01_a, 03_c." in text
+    write_times([{"notebook": "03_c", "quiet_s": 1500.0}], report, fast=False, notebooks=names)  # a later run
+    assert read_times(report, fast=False) == {"02_b": 600, "03_c": 1500}
+    assert "Not timed at full size on this machine yet: 01_a." in report.read_text()
+    write_times([{"notebook": n, "quiet_s": 30.0} for n in names], report, fast=True, notebooks=names)  # FAST again
+    assert read_times(report) == {n: 30 for n in names} and read_times(report, fast=False)["03_c"] == 1500
+    assert "| **all** | **35 min 00 s** |" in report.read_text()  # the full table kept, with its total
+
+
+def test_a_table_written_before_the_sections_reads_as_fast(tmp_path):
+    from course.instructor.notebook_times import read_times
+
+    old = tmp_path / "old.md"
+    old.write_text("# Notebook wall times\n\n| notebook | wall time |\n|---|---|\n| 01_a | 0 min 27 s |\n")
+    assert read_times(old) == {"01_a": 27}
+    with pytest.raises(ValueError, match="no full-size table"):
+        read_times(old, fast=False)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--only", "01"], "--only applies to --notebooks only"),
+    (["--notebooks", "--only", "09"], "--only must name notebook numbers of"),
+])
+def test_only_is_checked_by_name(tmp_path, args, message, capsys):
+    tiny_notebook(tmp_path / "nbs")
+    assert main(["bench", *args, "--notebook-dir", str(tmp_path / "nbs")]) == 2
+    assert message in capsys.readouterr().err

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from course.threads import competing_process, cpu_cores
 
-__all__ = ["execute_notebook", "time_notebooks", "times_table", "read_times", "budget_verdict", "write_times"]
+__all__ = ["execute_notebook", "time_notebooks", "times_table", "read_times", "budget_verdict", "write_times", "SECTIONS"]
 
 
 @contextmanager
@@ -91,13 +91,30 @@ def times_table(rows: list[dict]) -> str:
 
 
 _ROW = re.compile(r"^\| (\d\d_\w+) \| (\d+) min (\d+) s \|", re.M)
+SECTIONS = {True: "## FAST", False: "## Full size"}  # write_times keeps one table per mode
 
 
-def read_times(path: Path) -> dict[str, float]:
-    """The first column of a table written by ``write_times`` (quiet wall time, seconds), by notebook."""
-    found = {name: 60 * int(minutes) + int(seconds) for name, minutes, seconds in _ROW.findall(path.read_text())}
+def _section(text: str, fast: bool) -> str:
+    """The part of ``text`` under the mode's heading (the whole text for a file written before the headings)."""
+    head = SECTIONS[fast]
+    if head not in text:
+        return text if fast and SECTIONS[False] not in text else ""
+    part = text.split(head, 1)[1]
+    return part.split("\n## ", 1)[0]
+
+
+def _quiet_rows(path: Path, fast: bool) -> list[tuple[str, int]]:
+    """(notebook, quiet seconds) of the mode's table in ``path``."""
+    return [(name, 60 * int(m) + int(s)) for name, m, s in _ROW.findall(_section(path.read_text(), fast))]
+
+
+def read_times(path: Path, fast: bool = True) -> dict[str, float]:
+    """The first column of the mode's table written by ``write_times`` (quiet wall time, seconds), by notebook."""
+    found = dict(_quiet_rows(path, fast))
     if not found:
-        raise ValueError(f"{path} has no table of notebook times (write it with `python -m course bench --notebooks`)")
+        mode = "FAST" if fast else "full-size"
+        raise ValueError(f"{path} has no {mode} table of notebook times (write it with `python -m course bench "
+                         f"--notebooks{' --fast' if fast else ''}`)")
     return found
 
 
@@ -115,22 +132,45 @@ def budget_verdict(rows: list[dict]) -> str:
     return f"FAST budget ({budget}): " + ("met in every column." if not over else "over in " + "; ".join(over) + ".")
 
 
-def write_times(rows: list[dict], path: Path, fast: bool, threads_note: str = "") -> Path:
-    """Write the table with the machine and mode it was measured on to ``path`` (markdown)."""
+def _merged(rows: list[dict], path: Path, fast: bool) -> list[dict]:
+    """The rows measured now, plus the mode's earlier rows of notebooks not run now (``--only``: a full-size run
+    of every notebook takes hours on a CPU, so it may be measured a few notebooks at a time)."""
+    if not path.exists():
+        return rows
+    now = {r["notebook"] for r in rows}
+    earlier = [{"notebook": name, "quiet_s": float(s)} for name, s in _quiet_rows(path, fast) if name not in now]
+    if earlier and any("competing_s" in r for r in rows):
+        raise ValueError(f"{path} has earlier times without a competing column: time every notebook again "
+                         "with --competing, or these without it")
+    return sorted(rows + earlier, key=lambda r: r["notebook"])
+
+
+def write_times(rows: list[dict], path: Path, fast: bool, threads_note: str = "",
+                notebooks: Sequence[str] = ()) -> Path:
+    """Write the mode's table, with the machine it was measured on, to ``path`` (markdown); the other mode's
+    table in the file is kept. The rows are merged with the mode's earlier ones (``_merged``); the ``notebooks``
+    (stems) that still have no time are named."""
     import torch
 
-    mode = "FAST (`--fast`)" if fast else "full size"
-    text = (
-        "# Notebook wall times\n\n"
-        f"Measured by `python -m course bench --notebooks{' --fast' if fast else ''}"
-        f"{' --competing' if all('competing_s' in r for r in rows) else ''}`: every notebook executed top to "
-        f"bottom with papermill, {mode}, one after the other; \"next to a CPU-bound process\" runs it again "
-        "while one Python busy loop takes a core.\n\n"
+    rows = _merged(rows, path, fast)
+    mode = "FAST (`--fast`)" if fast else "full size (FAST = False)"
+    flags = f"{' --fast' if fast else ''}{' --competing' if all('competing_s' in r for r in rows) else ''}"
+    missing = sorted(set(notebooks) - {r["notebook"] for r in rows})
+    section = (
+        f"{SECTIONS[fast]}\n\n"
+        f"Measured by `python -m course bench --notebooks{flags}`: every notebook executed top to bottom with "
+        f"papermill, {mode}, one after the other; \"next to a CPU-bound process\" runs it again while one Python "
+        "busy loop takes a core.\n\n"
         f"Machine: {platform.machine()}, {cpu_cores()} cores, torch {torch.__version__}, "
         f"{datetime.now(timezone.utc):%Y-%m-%d}.{(' ' + threads_note) if threads_note else ''}\n\n"
         + times_table(rows) + "\n"
         + (f"\n{budget_verdict(rows)}\n" if fast else "")
+        + (f"\nNot timed {'in FAST' if fast else 'at full size'} on this machine yet: {', '.join(missing)}.\n"
+           if missing else "")
     )
+    other = _section(path.read_text(), not fast).strip() if path.exists() else ""
+    sections = {fast: section, not fast: f"{SECTIONS[not fast]}\n\n{other}\n" if other else ""}
+    text = "# Notebook wall times\n\n" + "\n".join(sections[m] for m in (True, False) if sections[m])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
