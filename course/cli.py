@@ -368,12 +368,11 @@ def _train(args: argparse.Namespace) -> dict:
         except ValueError as e:
             raise ValueError(f"--seeds/--seed: {e}") from None
     variants = VARIANTS if args.all_variants else (args.variant,)
-    if args.jobs > 1 and args.device not in ("auto", "cpu"):
-        raise ValueError(f"--jobs {args.jobs}: several training processes run on the CPU only, not on {args.device}")
-    dev = resolve_device(args.device)
-    if args.jobs > 1 and dev.type != "cpu":
-        raise ValueError(f"--jobs {args.jobs}: several training processes run on the CPU only, not on {dev.type} "
+    requested = resolve_device("auto").type if args.device == "auto" else args.device  # checked before resolving
+    if args.jobs > 1 and requested != "cpu":  # a named GPU on a machine without one gets this message, not CUDA's
+        raise ValueError(f"--jobs {args.jobs}: several training processes run on the CPU only, not on {requested} "
                          "(--device cpu, or --jobs 1 on the GPU)")
+    dev = resolve_device(args.device)
     todo = [(variant, seed, args.bos) for variant in variants for seed in seeds]
     if args.all_variants and args.bos:  # notebook 06 also compares the vanilla model trained without BOS
         todo += [("vanilla", seed, False) for seed in seeds]

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from course.assets import CacheUnusable, cache_dir, ensure_writable
+from course.claims import Rule
 from course.manifest import sha256_of, write_atomic
 from course.model_names import SEED_MAX
 from course.models import build_model
@@ -55,7 +56,7 @@ __all__ = [
     "TrainConfig", "TrainRun", "BigramBackcopy", "TextBytes", "PRESETS", "VARIANTS", "train", "sink_mass_of",
     "window_losses", "copy_head_profile", "attention_on_first", "uniform_first", "make_task", "prepend_sink",
     "lm_loss", "variant_config", "attention_on_sink",
-    "MIN_SEEDS", "seed_list", "train_seeds", "over_seeds", "THRESHOLDS", "TABLE3", "table3_excess", "verdict",
+    "MIN_SEEDS", "seed_list", "train_seeds", "over_seeds", "THRESHOLDS", "TABLE3", "table3_excess", "verdict", "seed_rule", "agreement",
 ]
 
 Variant = Literal["vanilla", "sink-token", "sink-logit", "off-by-one"]
@@ -519,16 +520,26 @@ def table3_excess(variant: str, kept: int) -> float | None:
     return math.log(TABLE3[variant][kept] / TABLE3[variant][4])
 
 
-def verdict(ours: list[bool], paper: bool | None) -> str:
-    """Does a threshold's outcome in our seeds agree with the paper's?
+def seed_rule(finding: str) -> Rule:
+    """The rule for one of Table 3's findings, fixed before the run: every seed agreeing with the paper
+    reproduces it, some seeds partly, none: not reproduced at this scale (``course.claims.Rule``)."""
+    return Rule(f"{finding}: share of seeds agreeing with Table 3", at_least=1.0, partly=0.01,
+                why="every seed agreeing reproduces the finding, some seeds partly")
 
-    ``ours``: whether it held, per seed; ``paper``: whether it holds for the paper's model (None: the
-    paper has no such model). "reproduced" when every seed agrees, "partly" when some do, "not at this
-    scale" when none does; without a paper row, how many seeds it held in."""
+
+def agreement(ours: list[bool], paper: bool) -> float:
+    """The share of seeds whose outcome (``ours``: whether a threshold held, per seed) is the paper's."""
     if not ours:
         raise ValueError("ours must hold one outcome per seed, got none")
-    held = sum(bool(o) for o in ours)
+    return sum(bool(o) == bool(paper) for o in ours) / len(ours)
+
+
+def verdict(ours: list[bool], paper: bool | None) -> str:
+    """Does a threshold's outcome in our seeds agree with the paper's? ``seed_rule``'s verdict on the
+    ``agreement``: "reproduced", "partly" or "not reproduced at this scale". ``paper`` None (the paper has no
+    such model): in how many seeds it held."""
     if paper is None:
-        return f"held in {held}/{len(ours)} seeds (not in the paper)"
-    agree = held if paper else len(ours) - held
-    return "reproduced" if agree == len(ours) else ("partly" if agree else "not at this scale")
+        if not ours:
+            raise ValueError("ours must hold one outcome per seed, got none")
+        return f"held in {sum(bool(o) for o in ours)}/{len(ours)} seeds (not in the paper)"
+    return seed_rule("the finding").verdict(agreement(ours, paper))[0]

@@ -16,12 +16,14 @@ from course.train import (
     THRESHOLDS,
     BigramBackcopy,
     TrainConfig,
+    agreement,
     attention_on_first,
     attention_on_sink,
     lm_loss,
     over_seeds,
     prepend_sink,
     seed_list,
+    seed_rule,
     table3_excess,
     train,
     train_seeds,
@@ -232,11 +234,14 @@ def test_table3_in_nats_and_the_verdicts():
         table3_excess("vanilla", 3)
     assert verdict([True, True, True], True) == "reproduced"
     assert verdict([True, False, True], True) == "partly"
-    assert verdict([True, True, True], False) == "not at this scale"
+    assert verdict([True, True, True], False) == "not reproduced at this scale"
     assert verdict([False, False, False], False) == "reproduced"
     assert verdict([True, False, False], None) == "held in 1/3 seeds (not in the paper)"
     with pytest.raises(ValueError, match="one outcome per seed"):
         verdict([], True)
+    # one rule: the verdict printed per threshold is the reproduction row's (seed_rule on the agreement)
+    assert agreement([True, False, False], False) == pytest.approx(2 / 3)
+    assert seed_rule("T1").verdict(agreement([True, False, True], True))[0] == verdict([True, False, True], True)
 
 
 def test_train_cli_without_bos(tmp_path, monkeypatch, capsys):
