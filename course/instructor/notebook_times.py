@@ -159,9 +159,10 @@ def write_times(rows: list[dict], path: Path, fast: bool, threads_note: str = ""
     section = (
         f"{SECTIONS[fast]}\n\n"
         f"Measured by `python -m course bench --notebooks{flags}`: every notebook executed top to bottom with "
-        f"papermill, {mode}, one after the other; \"next to a CPU-bound process\" runs it again while one Python "
-        "busy loop takes a core.\n\n"
-        f"Machine: {platform.machine()}, {cpu_cores()} cores, torch {torch.__version__}, "
+        f"papermill, {mode}, one after the other"
+        + ("; \"next to a CPU-bound process\" runs it again while one Python busy loop takes a core.\n\n"
+           if "--competing" in flags else ".\n\n")
+        + f"Machine: {platform.machine()}, {cpu_cores()} cores, torch {torch.__version__}, "
         f"{datetime.now(timezone.utc):%Y-%m-%d}.{(' ' + threads_note) if threads_note else ''}\n\n"
         + times_table(rows) + "\n"
         + (f"\n{budget_verdict(rows)}\n" if fast else "")
