@@ -473,8 +473,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                    help="with --notebooks or --threads: measure again next to one CPU-bound process")
     p.add_argument("--notebook-dir", default="notebooks", help="with --notebooks: folder of the notebooks to run")
     p.add_argument("--only", nargs="+", default=None, metavar="NN",
-                   help="with --notebooks: run only the notebooks with these numbers (e.g. --only 01 05); at full "
-                        "size the table keeps the earlier times of the others")
+                   help="with --notebooks: run only the notebooks with these numbers (e.g. --only 01 05); the "
+                        "table keeps the others' earlier times")
     p.add_argument("--copies", type=positive_int, default=8, help="with --grading: submissions per run (default 8)")
     p.add_argument("--jobs", type=jobs_count, nargs="+", default=None,
                    help="with --grading: the --jobs values to measure (default: 1 and every core)")
@@ -510,7 +510,8 @@ def _bench_notebooks(args: argparse.Namespace) -> dict:
     from course.instructor import require
 
     require("bench --notebooks", "nbformat", "papermill", "ipykernel")
-    from course.instructor.notebook_times import budget_verdict, time_notebooks, times_table, write_times
+    from course.instructor.notebook_times import (budget_verdict, check_mergeable, time_notebooks, times_table,
+                                                  write_times)
 
     every = sorted(Path(args.notebook_dir).glob("[0-9]*.ipynb"))
     if not every:
@@ -521,9 +522,10 @@ def _bench_notebooks(args: argparse.Namespace) -> dict:
         raise ValueError(f"--only must name notebook numbers of {args.notebook_dir} ({', '.join(sorted(numbers))}); "
                          f"got {', '.join(unknown)}")
     paths = [p for p in every if args.only is None or p.name[:2] in args.only]
+    report = Path(args.report or "docs/notebook-times.md")
+    check_mergeable(report, args.fast, args.competing, {p.stem for p in paths})  # before hours of notebooks
     rows = time_notebooks(paths, Path(args.out) / "notebooks", args.fast, args.competing, verbose=not args.json)
-    report = write_times(rows, Path(args.report or "docs/notebook-times.md"), args.fast,
-                         notebooks=[p.stem for p in every])
+    write_times(rows, report, args.fast, notebooks=[p.stem for p in every])
     if not args.json:
         print(times_table(rows))
         if args.fast:

@@ -113,3 +113,16 @@ def test_only_is_checked_by_name(tmp_path, args, message, capsys):
     tiny_notebook(tmp_path / "nbs")
     assert main(["bench", *args, "--notebook-dir", str(tmp_path / "nbs")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_competing_run_that_cannot_be_merged_is_refused_before_any_notebook_runs(tmp_path, capsys):
+    from course.instructor.notebook_times import write_times
+
+    tiny_notebook(tmp_path / "nbs")
+    tiny_notebook(tmp_path / "nbs", "02_other.ipynb")
+    report, out = tmp_path / "times.md", tmp_path / "out"
+    write_times([{"notebook": "02_other", "quiet_s": 5.0}], report, fast=True)
+    assert main(["bench", "--notebooks", "--fast", "--competing", "--only", "01", "--notebook-dir",
+                 str(tmp_path / "nbs"), "--report", str(report), "--out", str(out)]) == 2
+    assert "has earlier times without a competing column" in capsys.readouterr().err
+    assert not (out / "notebooks").exists()  # refused before any notebook ran

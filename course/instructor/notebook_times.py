@@ -20,7 +20,8 @@ from pathlib import Path
 
 from course.threads import competing_process, cpu_cores
 
-__all__ = ["execute_notebook", "time_notebooks", "times_table", "read_times", "budget_verdict", "write_times", "SECTIONS"]
+__all__ = ["execute_notebook", "time_notebooks", "times_table", "read_times", "budget_verdict", "write_times",
+           "check_mergeable"]
 
 
 @contextmanager
@@ -132,16 +133,22 @@ def budget_verdict(rows: list[dict]) -> str:
     return f"FAST budget ({budget}): " + ("met in every column." if not over else "over in " + "; ".join(over) + ".")
 
 
+def check_mergeable(path: Path, fast: bool, competing: bool, now: set[str]) -> None:
+    """Refuse a competing run of some notebooks (``now``, stems) where the mode's table in ``path`` holds other
+    notebooks, whose earlier rows have no competing column; called before any notebook runs."""
+    if competing and path.exists() and any(name not in now for name, _ in _quiet_rows(path, fast)):
+        raise ValueError(f"{path} has earlier times without a competing column: time every notebook again "
+                         "with --competing, or these without it")
+
+
 def _merged(rows: list[dict], path: Path, fast: bool) -> list[dict]:
     """The rows measured now, plus the mode's earlier rows of notebooks not run now (``--only``: a full-size run
     of every notebook takes hours on a CPU, so it may be measured a few notebooks at a time)."""
     if not path.exists():
         return rows
     now = {r["notebook"] for r in rows}
+    check_mergeable(path, fast, any("competing_s" in r for r in rows), now)
     earlier = [{"notebook": name, "quiet_s": float(s)} for name, s in _quiet_rows(path, fast) if name not in now]
-    if earlier and any("competing_s" in r for r in rows):
-        raise ValueError(f"{path} has earlier times without a competing column: time every notebook again "
-                         "with --competing, or these without it")
     return sorted(rows + earlier, key=lambda r: r["notebook"])
 
 
