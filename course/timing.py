@@ -12,7 +12,7 @@ from course.models.base import CausalLM
 from course.policies import H2O, Policy, make_policy
 
 __all__ = ["median_seconds", "alternate", "decode_cost_vs_context", "streaming_vs_recompute", "bench_policies",
-           "BENCH_POLICIES", "synchronize", "count_flops"]
+           "compressed_prompt_speedup", "BENCH_POLICIES", "synchronize", "count_flops"]
 
 
 def synchronize(device: torch.device | None) -> None:
@@ -189,3 +189,39 @@ def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budge
     return {"budget": budget, "per_policy": rows,
             "h2o_over_streaming": ms["h2o"][-1] / ms["streaming"][-1],
             "snapkv_over_streaming": ms["snapkv"][0] / ms["streaming"][0]}
+
+
+@torch.inference_mode()
+def compressed_prompt_speedup(model: CausalLM, lengths: list[int], budget: int, steps: int = 4, reps: int = 5) -> dict:
+    """Per-token decode time after a prompt of each length in ``lengths``: with the prompt's whole cache
+    (``full``) and with the ``budget`` slots SnapKV compresses it to (``snapkv``, the course's policy), side by
+    side. The slots hold random keys and values: the cost of a step depends on how many slots there are, not
+    on what they hold, so no prompt has to be run. Both caches then grow by one slot a decoded token.
+
+    Returns {"tokens": lengths, "budget", "full_ms", "snapkv_ms" (medians of alternating runs, per token),
+    "speedup" (full / snapkv, per length), "full_bytes", "snapkv_bytes" (cache bytes before the timed steps)}."""
+    lengths = list(lengths)
+    if not lengths or lengths != sorted(set(lengths)) or lengths[0] <= budget:
+        raise ValueError(f"lengths must be increasing and above the budget ({budget}), got {lengths}")
+    if budget < 1 or steps < 1 or reps < 1:
+        raise ValueError(f"budget, steps and reps must be >= 1, got {budget}, {steps}, {reps}")
+    model.config.check_tokens(lengths[-1] + (reps + 1) * steps, "decoding after the longest prompt")
+    token = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+    out: dict[str, list] = {"full_ms": [], "snapkv_ms": [], "speedup": [], "full_bytes": [], "snapkv_bytes": []}
+    for t in lengths:
+        caches = {"full": _fill(model, make_policy("full"), t, t),
+                  "snapkv": _fill(model, make_policy("snapkv", budget, model=model), budget, t)}
+
+        def run(cache) -> Callable[[], None]:
+            def step() -> None:
+                for _ in range(steps):
+                    model(token, cache=cache)
+            return step
+
+        for name, cache in caches.items():
+            out[f"{name}_bytes"].append(cache.nbytes)
+        med = alternate({name: run(cache) for name, cache in caches.items()}, reps, 1, model.device)
+        out["full_ms"].append(1e3 * med["full"] / steps)
+        out["snapkv_ms"].append(1e3 * med["snapkv"] / steps)
+        out["speedup"].append(med["full"] / med["snapkv"])
+    return {"tokens": lengths, "budget": budget, **out}

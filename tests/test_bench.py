@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from course.instructor.bench import bench_evaluator, bench_vs_transformers, markdown_tables, peak_memory
-from course.timing import bench_policies
+from course.timing import bench_policies, compressed_prompt_speedup
 from course.models import from_transformers
 from course.policies import StreamingLLM
 
@@ -61,3 +61,21 @@ def test_markdown_tables_render():
     }
     text = markdown_tables(fake)
     assert "| decode, 16-token context |" in text and "t=2" in text
+
+
+def test_compressed_prompt_speedup_times_both_caches_at_every_length():
+    model = tiny_model("llama", dtype=torch.float32)
+    r = compressed_prompt_speedup(model, [20, 200], budget=16, steps=1, reps=1)
+    slot = 2 * model.config.n_layer * model.config.n_kv_head * model.config.head_dim * 4
+    assert r["tokens"] == [20, 200] and r["budget"] == 16
+    assert r["full_bytes"] == [20 * slot, 200 * slot] and r["snapkv_bytes"] == [16 * slot, 16 * slot]
+    assert all(ms > 0 for ms in r["full_ms"] + r["snapkv_ms"])
+    assert r["speedup"] == pytest.approx([f / s for f, s in zip(r["full_ms"], r["snapkv_ms"])])
+
+
+@pytest.mark.parametrize("lengths, budget, match", [([8, 200], 16, "lengths"), ([200, 20], 16, "lengths"),
+                                                    ([], 16, "lengths"), ([20, 252], 16, "positions")])
+def test_compressed_prompt_speedup_refuses_bad_sizes(lengths, budget, match):
+    model = tiny_model("gpt2", dtype=torch.float32)   # 256 learned positions: 252 + 6 timed steps do not fit
+    with pytest.raises(ValueError, match=match):
+        compressed_prompt_speedup(model, lengths, budget=budget, steps=2, reps=2)
