@@ -225,7 +225,7 @@ def conclusion() -> str:
             "tokens that received the most attention per query that could see them. I compared it with the window, "
             "StreamingLLM and H2O at the same budget, with the same protocol (compress the context, then decode one "
             "token at a time). Where it wins or loses depends on the budget and on the model: the table above is "
-            "the evidence, and one run on two passages is not enough to call a winner.")
+            "the evidence, and one run on a few passages is not enough to call a winner.")
 
 
 MIN_WORDS = 30
