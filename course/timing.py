@@ -141,6 +141,14 @@ def _fill(model: CausalLM, policy: Policy, slots: int, seen: int):
     return cache
 
 
+def _decode_steps(model: CausalLM, cache, token: torch.Tensor, steps: int) -> Callable[[], None]:
+    """A function that decodes ``token`` ([1, 1]) ``steps`` times through ``cache`` (what the timings repeat)."""
+    def run() -> None:
+        for _ in range(steps):
+            model(token, cache=cache)
+    return run
+
+
 BENCH_POLICIES = ("full", "window", "streaming", "h2o", "snapkv")
 
 
@@ -173,13 +181,7 @@ def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budge
         for name, make in policies.items():
             cache = _fill(model, make(), occupancy[name], t)
             sizes[name] = cache.nbytes  # before the timed steps add their tokens
-            tok = ids[:, :1]
-
-            def step(cache=cache, tok=tok) -> None:
-                for _ in range(steps):
-                    model(tok, cache=cache)
-
-            fns[name] = step
+            fns[name] = _decode_steps(model, cache, ids[:, :1], steps)
         med = alternate(fns, reps, 1, model.device)
         for name in policies:
             rows[name]["tokens"].append(t)
@@ -212,15 +214,10 @@ def compressed_prompt_speedup(model: CausalLM, lengths: list[int], budget: int, 
         caches = {"full": _fill(model, make_policy("full"), t, t),
                   "snapkv": _fill(model, make_policy("snapkv", budget, model=model), budget, t)}
 
-        def run(cache) -> Callable[[], None]:
-            def step() -> None:
-                for _ in range(steps):
-                    model(token, cache=cache)
-            return step
-
         for name, cache in caches.items():
             out[f"{name}_bytes"].append(cache.nbytes)
-        med = alternate({name: run(cache) for name, cache in caches.items()}, reps, 1, model.device)
+        med = alternate({name: _decode_steps(model, cache, token, steps) for name, cache in caches.items()}, reps, 1,
+                        model.device)
         out["full_ms"].append(1e3 * med["full"] / steps)
         out["snapkv_ms"].append(1e3 * med["snapkv"] / steps)
         out["speedup"].append(med["full"] / med["snapkv"])
