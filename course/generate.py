@@ -109,7 +109,7 @@ def generate(model: CausalLM, tokenizer, prompt: str | Tensor, policy: Policy | 
     if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 1:
         raise ValueError(f"prompt must be text or ids of shape [1, P] with P >= 1, got {tuple(ids.shape)}")
     model.config.check_tokens(ids.shape[1] + max_new_tokens, "the prompt + max_new_tokens")
-    cache, logits = compress_prompt(model, ids, policy)
+    cache, logits = compress_prompt(model, ids, policy, logits_to_keep=1)
     stop_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None and not ignore_eos else set()
     return _decode(model, tokenizer, cache, logits[0, -1], max_new_tokens, sampler, stop, stop_ids)
 
@@ -126,7 +126,7 @@ def sample_batch(model: CausalLM, prompts: Tensor, policy: Policy | None = None,
         raise ValueError(f"prompts must be ids of shape [B, P] with P >= 1, got {tuple(prompts.shape)}")
     samplers = [Sampler(temperature, top_p, seed + b) for b in range(prompts.shape[0])]
     model.config.check_tokens(prompts.shape[1] + max_new_tokens, "the prompts + max_new_tokens")
-    cache, logits = compress_prompt(model, prompts, policy)
+    cache, logits = compress_prompt(model, prompts, policy, logits_to_keep=1)
     logits = logits[:, -1]
     new = []
     for step in range(max_new_tokens):
@@ -187,7 +187,7 @@ class Chat:
         new_ids = self.tokenizer(rendered[len(self.fed):], add_special_tokens=False, return_tensors="pt").input_ids
         self.model.config.check_tokens(self.seen + new_ids.shape[1] + self.max_new_tokens, "this chat")
         start = time.perf_counter()
-        self.cache, logits = compress_prompt(self.model, new_ids, self.policy, self.cache)
+        self.cache, logits = compress_prompt(self.model, new_ids, self.policy, self.cache, logits_to_keep=1)
         self.fed = rendered
         stop_ids = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         answer: list[Step] = []

@@ -212,7 +212,7 @@ def recompute_nll(model: CausalLM, ids: Tensor, window: int, targets: Sequence[i
             windows = torch.stack([ids[b, t - window + 1 : t + 1] for b, _, t in part])  # [k, window]
             nexts = torch.stack([ids[b, t + 1 : t + 2] for b, _, t in part])  # [k, 1]
             rows, cols, _ = zip(*part)
-            nll[list(rows), list(cols)] = next_token_nll(model(windows).logits[:, -1:], nexts)[:, 0]  # last predicts t+1
+            nll[list(rows), list(cols)] = next_token_nll(model(windows, logits_to_keep=1).logits, nexts)[:, 0]  # last predicts t+1
             bar.update(len(part))
     return nll.cpu()
 

@@ -61,7 +61,8 @@ def decode_cost_vs_context(model: CausalLM, ids: torch.Tensor, contexts: list[in
     """Seconds to produce one next token at each context length, with and without a KV cache.
 
     cached: one decode step on a cache already holding ``T`` tokens;
-    recompute: one full forward over the ``T + 1`` tokens (what decoding without a cache does).
+    recompute: one full forward over the ``T + 1`` tokens (what decoding without a cache does; the output
+    matrix only at the last position, the one that picks the next token).
     Returns {"context": [...], "cached": [...], "recompute": [...]} (seconds per token, medians of
     alternating runs) and "cached_flops", "recompute_flops" (counted: the same on any machine).
     """
@@ -72,7 +73,7 @@ def decode_cost_vs_context(model: CausalLM, ids: torch.Tensor, contexts: list[in
     dev = model.device
     for t in contexts:
         cache = model.new_cache(1)
-        model(ids[:, :t], cache=cache)
+        model(ids[:, :t], cache=cache, logits_to_keep=1)  # only the cache is wanted
         nxt = ids[:, t : t + 1]
 
         def cached_step() -> None:
@@ -80,7 +81,7 @@ def decode_cost_vs_context(model: CausalLM, ids: torch.Tensor, contexts: list[in
             cache.rewind(t)  # undo the step: keep the context at T
 
         def recompute() -> None:
-            model(ids[:, : t + 1])
+            model(ids[:, : t + 1], logits_to_keep=1)
 
         med = alternate({"cached": cached_step, "recompute": recompute}, reps, 1, dev)
         out["cached_flops"].append(count_flops(cached_step))
@@ -97,7 +98,8 @@ def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, wind
     """Per-token seconds of StreamingLLM decoding vs dense window recomputation, side by side.
 
     streaming: a decode step on a full [n_sink | window] cache (one eviction in place per token);
-    recompute: a fresh forward over the last ``n_sink + window`` tokens (the paper's baseline).
+    recompute: a fresh forward over the last ``n_sink + window`` tokens (the paper's baseline; the output
+    matrix only at the last position, the one that predicts the next token).
     ``ids`` needs at least n_sink + window + (reps + 3) * steps + 1 tokens.
     """
     from course.policies import make_policy
@@ -108,7 +110,7 @@ def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, wind
         raise ValueError(f"ids has {ids.shape[1]} tokens; this measurement needs {need}")
     model.config.check_tokens(need, f"timing a {budget}-token cache")
     cache = model.new_cache(1, make_policy("streaming", budget, sinks=n_sink, model=model))
-    model(ids[:, :budget], cache=cache)
+    model(ids[:, :budget], cache=cache, logits_to_keep=1)  # only the cache is wanted
     t = {"next": budget}
 
     def stream() -> None:
@@ -118,7 +120,7 @@ def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, wind
 
     def recompute() -> None:
         for _ in range(steps):
-            model(ids[:, t["next"] - budget + 1 : t["next"] + 1])
+            model(ids[:, t["next"] - budget + 1 : t["next"] + 1], logits_to_keep=1)
 
     med = alternate({"streaming": stream, "recompute": recompute}, reps, 1, model.device)
     per_token = {k: v / steps for k, v in med.items()}

@@ -61,6 +61,8 @@ def test_random_model_parity_with_transformers(arch, impl):
     hf = float64_reference(random_hf(arch).double())
     model = from_transformers(hf)
     assert next(model.parameters()).dtype == torch.float64
+    # the copy builds the model without initialising it: a tied output matrix must still be the embedding
+    assert (model.lm_head.weight is model.tok_emb.weight) == model.config.tie_embeddings
     ids = torch.randint(0, 101, (2, 40))
     with torch.no_grad():
         hf.config._attn_implementation = "sdpa"
@@ -142,6 +144,24 @@ def test_cached_decode_equals_full_forward(family):
         steps += [model(ids[:, t : t + 1], cache=cache).logits for t in range(7, 30)]
     assert torch.allclose(torch.cat(steps, 1), full, atol=1e-10)
     assert cache.seen == 30 and cache.n_slots == 30
+
+
+def test_logits_to_keep_gives_the_last_positions_logits(family):
+    """Only the last n positions through the output matrix: the same logits as the whole forward's last n,
+    with and without a cache; more than there are tokens keeps them all; a bad value is refused by name."""
+    model = tiny_model(family)
+    ids = torch.randint(0, 97, (2, 12))
+    with torch.no_grad():
+        full = model(ids).logits
+        for n in (1, 5, 12, 40):
+            assert torch.allclose(model(ids, logits_to_keep=n).logits, full[:, -n:], atol=1e-10)
+        cache = model.new_cache(batch=2)
+        last = model(ids[:, :8], cache=cache, logits_to_keep=1).logits
+        assert last.shape == (2, 1, 97) and torch.allclose(last, full[:, 7:8], atol=1e-10)
+        assert torch.allclose(model(ids[:, 8:], cache=cache, logits_to_keep=2).logits, full[:, -2:], atol=1e-10)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="logits_to_keep must be an integer >= 0"):
+            model(ids, logits_to_keep=bad)
 
 
 def test_smollm2_cached_decode_equals_full_forward(austen_ids, smollm2_f64):

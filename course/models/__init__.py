@@ -60,12 +60,15 @@ def config_from_hf(hf_config, name: str = "model") -> ModelConfig:
 def from_transformers(hf_model: nn.Module, name: str = "model") -> CausalLM:
     """Build the course model with the weights of a transformers GPT-2 or Llama model."""
     cfg = config_from_hf(hf_model.config, name)
-    model = build_model(cfg)
+    with torch.device("meta"):  # no random initialisation (seconds on a CPU): every weight is copied below
+        model = build_model(cfg)
     mapped = family(cfg.family).weights_from_hf(hf_model.state_dict(), cfg)
-    dtype = next(hf_model.parameters()).dtype
-    model.to(dtype)
+    first = next(hf_model.parameters())
+    model = model.to_empty(device=first.device).to(first.dtype)
+    if cfg.tie_embeddings:  # to_empty gives every parameter its own storage: tie the output to the embedding again
+        model.lm_head.weight = model.tok_emb.weight
     missing, unexpected = model.load_state_dict(mapped, strict=False)  # copies into the model: no clone needed
-    missing = [m for m in missing if m != "lm_head.weight"]  # tied to tok_emb
+    missing = [m for m in missing if not (cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise RuntimeError(f"weight copy incomplete: missing {missing}, unexpected {unexpected}")
     return model.eval()

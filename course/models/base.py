@@ -180,16 +180,23 @@ class CausalLM(nn.Module):
         positions: Tensor | None = None,
         cache: KVCache | None = None,
         output_attentions: bool = False,
+        logits_to_keep: int = 0,
     ) -> ModelOutput:
         """ids: [B, T] token ids; positions: [T] or [B, T] (default: continue the cache's stream).
 
         With a cache, the new tokens' K/V are stored and they attend to everything the cache
         holds (by its policy). Returns logits [B, T, vocab] (and attention weights on request).
+        ``logits_to_keep`` (transformers' argument of that name): only the last that many positions'
+        logits, [B, min(T, n), vocab]; 0 keeps all. A forward that only picks the next token needs 1,
+        and skips the output matrix (a fifth of SmolLM2's weights) on every other position.
         Each family defines ``embed`` (how tokens and positions enter) and ``final_norm``.
         """
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be an integer >= 0 (0: every position), got {logits_to_keep!r}")
         pos, max_pos = self._inputs(ids, positions, cache)
         x = self.embed(ids, pos, max_pos)
         x, attentions, key_positions = self._run_blocks(x, pos, cache, output_attentions)
+        x = x[:, -logits_to_keep:] if logits_to_keep else x
         return ModelOutput(self.lm_head(self.final_norm(x)), attentions, key_positions)
 
     def embed(self, ids: Tensor, pos: Tensor, max_pos: int) -> Tensor:
