@@ -55,6 +55,18 @@ def test_top_p_keeps_only_the_nucleus():
     assert Sampler(0.0)(logits) == 0
 
 
+@pytest.mark.parametrize("scale", [0.1, 1.0, 8.0])  # flat (the nucleus holds thousands of tokens) to peaked
+def test_nucleus_from_the_top_tokens_is_the_nucleus_of_the_whole_sort(scale):
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        probs = torch.softmax(scale * torch.randn(5000, generator=g), -1)
+        sampler = Sampler(1.0, top_p=0.9)
+        top, ids = sampler._top_mass(probs)
+        sorted_p, order = probs.sort(descending=True)
+        whole = set(order[(sorted_p.cumsum(0) - sorted_p) < 0.9].tolist())
+        assert set(ids[(top.cumsum(0) - top) < 0.9].tolist()) == whole
+
+
 @pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5), dict(seed=-1),
                                  dict(seed=2**64), dict(temperature="hot")])
 def test_bad_sampling_values_are_refused(bad):
