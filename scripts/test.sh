@@ -14,5 +14,5 @@ bash scripts/check-instructor-install.sh  # an instructor's install from scratch
 export COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg COURSE_PROGRESS=text
 # the notebooks draw their figures inline (the site shows them): no MPLBACKEND for their kernels
 env -u MPLBACKEND COURSE_SET_UP=1 bash scripts/run-course.sh --execute --fast
-COURSE_EXECUTED=outputs python -m pytest -p no:cacheprovider tests "$@"
+COURSE_EXECUTED=outputs python -m pytest -p no:cacheprovider --durations=15 tests "$@"  # the slowest tests, named
 COURSE_MODEL=gpt2-random python -m pytest -p no:cacheprovider notebooks/student --nbval-lax --nbval-current-env "$@"
