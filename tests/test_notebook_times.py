@@ -126,3 +126,32 @@ def test_a_competing_run_that_cannot_be_merged_is_refused_before_any_notebook_ru
                  str(tmp_path / "nbs"), "--report", str(report), "--out", str(out)]) == 2
     assert "has earlier times without a competing column" in capsys.readouterr().err
     assert not (out / "notebooks").exists()  # refused before any notebook ran
+
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+_SPAN = r"measured: ((?:\d+ min )?\d+ s) to ((?:\d+ min )?\d+ s)\)?"  # "measured: 15 s to 2 min 49 s"
+
+
+def _seconds(text: str) -> int:
+    """'2 min 49 s' or '15 s' in seconds."""
+    minutes, _, seconds = text.rpartition(" min ")
+    return 60 * int(minutes or 0) + int(seconds.removesuffix(" s"))
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_each_notebooks_first_cell_quotes_the_times_in_the_table(path):
+    """The "How long it runs" paragraph gives the FAST budget and the fastest and slowest notebook of each table in
+    docs/notebook-times.md: the text is typed, the table measured, so a new measurement must reach every notebook."""
+    import re
+
+    from course.instructor.notebook_times import FAST_BUDGET_S, read_times
+
+    text = " ".join(nbformat.read(str(path), as_version=4).cells[0].source.split())
+    fast = re.search(rf"within (\d+) minutes per notebook on two cores \({_SPAN}", text)
+    full = re.search(rf"full sizes anywhere \(on two CPU cores, {_SPAN};", text)
+    assert fast and full, f"{path.name}: the first cell's 'How long it runs' paragraph is not in its usual words"
+    assert int(fast[1]) * 60 == FAST_BUDGET_S["notebook"]
+    for match, mode in ((fast.groups()[1:], True), (full.groups(), False)):
+        times = read_times(ROOT / "docs/notebook-times.md", fast=mode).values()
+        assert [_seconds(t) for t in match] == [min(times), max(times)], f"{path.name}, FAST = {mode}"
