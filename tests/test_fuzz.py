@@ -526,7 +526,7 @@ def test_check_autofill_takes_only_booleans(autofill, monkeypatch):
     get("01.kv_cache_bytes")
     monkeypatch.delenv("COURSE_GRADE_OUT", raising=False)
     with pytest.raises(TypeError, match=rf"autofill must be True or False, got {re.escape(repr(autofill))}"):
-        check("01.kv_cache_bytes", REGISTRY["01.kv_cache_bytes"].reference, autofill=autofill)
+        check("01.kv_cache_bytes", REGISTRY["01.kv_cache_bytes"].fallback, autofill=autofill)
 
 
 def test_train_config_and_fetch_arguments():

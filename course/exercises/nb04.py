@@ -255,16 +255,19 @@ def _check_h2o_scores(fn) -> None:
 
 # ----------------------------------------------------------------------------- 6. build: H2O's decode loop
 def _h2o_step_with_course(state, q: Tensor, k: Tensor, v: Tensor, t: int, budget: int, recent: int, theta: float):
-    """AUTOFILL's build: one layer of the course's H2O cache (the state is a one-layer ``KVCache``)."""
+    """AUTOFILL's build: one layer of the course's H2O cache (the state holds a one-layer ``KVCache`` and, as the
+    exercise's state does, the kept positions ``"pos"``)."""
     b, hkv, _, d = k.shape
     if state is None:
-        state = KVCache(1, b, hkv, d, policy=H2O(budget - recent, recent), dtype=k.dtype, device=k.device)
-    view = state.update(0, k, v, torch.full((b, 1), t, device=k.device))
+        cache = KVCache(1, b, hkv, d, policy=H2O(budget - recent, recent), dtype=k.dtype, device=k.device)
+    else:
+        cache = state["cache"]
+    view = cache.update(0, k, v, torch.full((b, 1), t, device=k.device))
     out, weights = attend(rope(q, view.q_rope, theta), rope(view.keys, view.k_rope, theta), view.values,
                           weight_rows=view.weight_rows)
-    state.observe(0, weights)
-    state.advance(1)
-    return out, state
+    cache.observe(0, weights)
+    cache.advance(1)
+    return out, {"cache": cache, "pos": cache.positions(0).clone()}
 
 
 @torch.inference_mode()
