@@ -171,7 +171,7 @@ KEY: list[Key] = [
     Key("06.q_targets", 10,
         "every content token is a target; the sink is not",
         {11: "the sink is never a target",
-         9: "the first content token is a target too: it is predicted from the sink's position"}),
+         9: "the first content token counts as well: the sink's position predicts it"}),
     Key("06.q_off_by_one", 0,
         "the extra term of the denominator is exp(b): which b makes it 1?",
         {1: "the extra term is exp(b): exp(1) is not 1",

@@ -301,9 +301,10 @@ def test_autofills_fallback_is_right_and_a_shortcut_where_the_exercise_builds(ex
             unguarded.setattr(module, "GuardedModel", _Unguarded)
         assert _judge(ex, ex.fallback, None) == ("pass", "correct", ex.points)
     status, feedback = result_of(ex, ex.fallback)
-    if ex.kind == "build":
+    if ex.kind == "capstone":  # measured by what it achieves: StreamingLLM's scores earn part of the points
+        assert status == "pass", feedback
+    else:
         assert status == "forwarded" and "the course's own implementation" in feedback, feedback
-    assert status in ("pass", "forwarded"), feedback
 
 
 @pytest.mark.parametrize("exercise_id, index", [(e, i) for e in sorted(WRONG) for i in range(len(WRONG[e]))])

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from course.attention import key_mass, sink_mass
+from course.models.attend import attention_weights
 from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import close, tiny_model
 from course.exercises.guards import GuardedModel
@@ -81,11 +82,17 @@ def _check_kept_positions(fn) -> None:
 
 # ----------------------------------------------------------------------------- 3. evicting from a softmax
 def _softmax_over_kept(weights: Tensor, keep: Tensor) -> Tensor:
-    """AUTOFILL's renormalisation: a softmax over the kept keys' log-weights (evicted keys at -inf)."""
-    return torch.softmax(weights.log().masked_fill(~keep.bool(), float("-inf")), dim=-1)
+    """AUTOFILL's renormalisation: the course's masked attention weights over scores that are the log-weights
+    (each query's log-weights against one-hot keys, the evicted keys masked): weights [..., S] -> [..., S]."""
+    s = weights.shape[-1]
+    queries = weights.log().reshape(1, 1, -1, s)  # [1, 1, rows, S]: row r's scores are its log-weights
+    mask = keep.bool().expand(1, 1, queries.shape[2], s)
+    out = attention_weights(queries, torch.eye(s, dtype=weights.dtype)[None, None], mask, scale=1.0)
+    return out.reshape(weights.shape)
 
 
-@exercise("02.renormalise_without", "Exercise 3 (what eviction does to a softmax)", fallback=_softmax_over_kept)
+@exercise("02.renormalise_without", "Exercise 3 (what eviction does to a softmax)", fallback=_softmax_over_kept,
+          shortcuts=(attention_weights,))
 def _check_renormalise(fn) -> None:
     g = torch.Generator().manual_seed(3)
     weights = torch.softmax(torch.randn(4, 9, generator=g) * 2, -1)

@@ -33,9 +33,15 @@ def _layer(positions: Tensor, attention: Tensor | None = None) -> LayerCache:
 
 # ----------------------------------------------------------------------------- 1. sparsity
 def _top_mass_by_sorting(weights: Tensor, fraction: float) -> Tensor:
-    """AUTOFILL's sparsity: the running total of the weights sorted in decreasing order, read at ceil(f S)."""
-    k = max(1, math.ceil(fraction * weights.shape[-1]))
-    return weights.sort(dim=-1, descending=True).values.cumsum(-1)[..., k - 1]
+    """AUTOFILL's sparsity: the course's ``top_k_mass``, each row of weights [..., S] taken as the last query of
+    its own causal map (a query that sees all S keys)."""
+    s = weights.shape[-1]
+    maps = []
+    for row in weights.reshape(-1, s):
+        attn = torch.zeros(1, 1, s, s, dtype=weights.dtype)
+        attn[0, 0, -1] = row
+        maps.append(attn)
+    return top_k_mass(maps, [fraction], skip=s - 1)[:, 0].reshape(weights.shape[:-1])
 
 
 @exercise("04.top_fraction_mass", "Exercise 1 (how sparse is attention?)", fallback=_top_mass_by_sorting,
