@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -25,6 +26,7 @@ from tests.grading_helpers import exercises_only
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NUMBERS = sorted(p.name[:2] for p in NOTEBOOKS.glob("[0-9]*.ipynb"))
 WRONG_BUILD = "02.window_stream_nll"
+BLANK = ("05", "07")  # notebooks whose later cells use most of the exercises' functions
 PINNED = "keep = torch.cat([torch.arange(n_sink), torch.arange(n - window + 1, n)])"
 UNPINNED = "keep = torch.arange(n - budget + 1, n)  # the oldest token goes, sinks included"
 
@@ -54,6 +56,10 @@ def graded(graded_release, tmp_path_factory) -> dict:
         nbformat.write(_honest(copy), root / "class" / "honest" / copy.name)
     [copy_02] = student_dir.glob("02_*.ipynb")
     nbformat.write(_with_wrong_build(copy_02), root / "class" / "wrong_build" / copy_02.name)
+    (root / "class" / "blank").mkdir()
+    for number in BLANK:  # handed in untouched: the rest of the notebook runs on the course's stand-ins
+        [copy] = student_dir.glob(f"{number}_*.ipynb")
+        shutil.copy(copy, root / "class" / "blank" / copy.name)
     out = root / "gradebook"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("COURSE_MODEL", "gpt2-random")  # the kernels' model: the student copies' GPT-2 code paths
@@ -91,6 +97,16 @@ def test_a_wrong_build_costs_exactly_its_points(graded):
     assert "never evicted" in rows[WRONG_BUILD]["feedback"] and "Hint 3" in rows[WRONG_BUILD]["feedback"]
     others = [r for e, r in rows.items() if e != WRONG_BUILD]
     assert all(r["status"] == "pass" and r["points"] == r["max_points"] for r in others), others
+
+
+def test_a_blank_copy_scores_nothing_and_runs_to_the_end_on_the_courses_stand_ins(graded):
+    """Under the grader an exercise not done hands the notebook the course's own implementation (as AUTOFILL does
+    for a student): every later cell still runs."""
+    rows = graded["blank"]
+    assert {r["notebook"] for r in rows} == set(BLANK)
+    assert all(r["status"] == "not_done" and r["points"] == 0 for r in rows), [r for r in rows
+                                                                            if r["status"] != "not_done"]
+    assert {r["cells_failed"] for r in rows} == {""}, {r["notebook"]: r["cells_failed"] for r in rows}
 
 
 def test_the_capstone_was_measured_on_the_keys_held_out_passages(graded):

@@ -25,7 +25,7 @@ __all__ = ["Exercise", "Wrong", "Partial", "ExerciseFailed", "NotDoneYet", "Stud
            "check", "result_of", "outcome", "KINDS", "get"]
 
 AUTOFILL_ENV = "COURSE_AUTOFILL"
-KINDS = ("exercise", "build", "question", "capstone")
+KINDS = ("exercise", "build", "question", "capstone", "writing")
 
 
 class Wrong(AssertionError):
@@ -65,7 +65,8 @@ class Exercise:
                the notebook does not need the function later);
     shortcuts: course functions and classes whose use by the student's function is refused (what the exercise
                asks to build);
-    kind:      "exercise", "build" (a mechanism written from scratch), "question" or "capstone".
+    kind:      "exercise", "build" (a mechanism written from scratch), "question", "capstone" or "writing" (text,
+               checked for presence and length only).
     """
 
     id: str  # "<notebook>.<name>", e.g. "01.kv_cache_bytes"
