@@ -560,6 +560,7 @@ def _bench_grading(args: argparse.Namespace) -> dict:
     require("bench --grading", "nbformat", "nbclient", "jupyter_client", "ipykernel")
     from course.instructor.grading.throughput import grading_report, measure_grading, project_class, write_report
     from course.instructor.notebook_times import read_times
+    from course.instructor.release import release
     from course.threads import cpu_cores
 
     submissions = [Path(s) for s in args.submission or ["notebooks/01_kv_cache.ipynb",
@@ -567,7 +568,9 @@ def _bench_grading(args: argparse.Namespace) -> dict:
     times = read_times(Path("docs/notebook-times.md"))  # read before the long run: the projection needs it
     jobs = args.jobs or sorted({1, cpu_cores()})
     with tempfile.TemporaryDirectory(prefix="course-bench-grading-") as work:
-        result = measure_grading(submissions, args.copies, jobs, Path(work), progress=not args.json)
+        key = Path(work) / "key.json"  # the submissions are this repository's notebooks: its release's key
+        release(Path("notebooks"), Path(work) / "released", hidden_answers=True, key_path=key, seed=0)
+        result = measure_grading(submissions, args.copies, jobs, Path(work), key, progress=not args.json)
     projection = project_class(result, times)
     setting = [f"{k}={os.environ[k]}" for k in ("COURSE_MODEL", "HF_HUB_OFFLINE") if os.environ.get(k)]
     command = shlex.join([*setting, "python", "-m", "course", "bench", "--grading", "--copies", str(args.copies),

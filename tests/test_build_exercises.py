@@ -348,3 +348,19 @@ def test_a_grader_measurement_can_give_part_of_the_points():
     assert outcome(ex, lambda: 0, half) == ("partial", "beats the window, not StreamingLLM", 1)
     assert outcome(ex, lambda: 0, refuse) == ("wrong", "does not beat the window", 0)
     assert outcome(ex, lambda: 0, lambda fn: "39.45 < 44.35") == ("pass", "correct; 39.45 < 44.35", 2)
+
+
+def test_notebook_07_states_the_capstones_measurement_as_the_grader_makes_it():
+    from course.instructor.grading.capstone import SETTINGS
+    from course.instructor.release import CAPSTONE_PASSAGES
+
+    [path] = NOTEBOOKS.glob("07_*.ipynb")
+    text = " ".join("".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+                    if "".join(c["source"]).startswith("## 8 · Capstone"))
+    text = " ".join(text.split())
+    s = SETTINGS
+    for fact in (f"{CAPSTONE_PASSAGES} passages", f"**{s.budget} slots per KV head**", f"{s.context} tokens of context",
+                 f"{s.continuation} scored", f"{s.sinks} sinks + {s.budget - s.sinks} recent",
+                 f"{s.level:.0%}".replace("%", " %"), "half of them"):
+        assert fact in text, fact
+    assert REGISTRY["07.my_policy"].points == 2 * s.partial

@@ -120,3 +120,11 @@ def test_the_graded_copies_carry_no_answers(graded_release):
     text = "".join(p.read_text(encoding="utf-8") for p in student_dir.glob("*.ipynb"))
     assert "key=(" not in text and 'answers=\\"hidden\\"' in text
     assert oct(os.stat(key).st_mode & 0o777) == "0o600"
+
+
+def test_the_points_table_in_the_grading_guide_is_the_registrys():
+    from course.instructor.grading.points import points_table
+
+    text = (NOTEBOOKS.parent / "docs" / "grading.md").read_text(encoding="utf-8")
+    block = text.split("<!-- points:begin -->\n")[1].split("\n<!-- points:end -->")[0]
+    assert block == points_table()
