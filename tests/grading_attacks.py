@@ -22,8 +22,8 @@ PATCH_THE_CHECKER = """
 import course.exercises, course.exercises.core as _core
 _core.result_of = lambda ex, fn: ("pass", "correct")
 _original_check = _core.check
-def _lenient_check(id, fn, autofill=False):
-    return _original_check(id, fn, autofill=True)
+def _lenient_check(id, fn, autofill=False, **kwargs):
+    return _original_check(id, fn, autofill=True, **kwargs)
 _core.check = course.exercises.check = check = _lenient_check
 """
 

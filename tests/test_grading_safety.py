@@ -196,16 +196,20 @@ def test_kept_objects_expose_calls_and_public_attributes_only():
     from course.exercises.guards import GuardedModel
 
     handles = _Handles()
-    counter = GuardedModel(tiny_model())
-    ref = handles.export(counter).id
+    model = tiny_model()
+    guarded = GuardedModel(model)
+    ref = handles.export(guarded).id
     assert handles.perform("getattr", ref, "calls", (), {}) == []
     with pytest.raises(AttributeError):
         handles.perform("getattr", ref, "__class__", (), {})
-    load = handles.export(handles.perform("getattr", ref, "load_state_dict", (), {})).id
+    with pytest.raises(AttributeError, match="not available"):  # the guard exposes nothing but its own calls
+        handles.perform("getattr", ref, "load_state_dict", (), {})
+    raw = handles.export(model).id  # a plain module: its torch methods are refused
+    load = handles.export(handles.perform("getattr", raw, "load_state_dict", (), {})).id
     with pytest.raises(TypeError, match="torch methods"):
         handles.perform("call", load, None, ({},), {})
     logits = handles.perform("call", ref, None, (torch.tensor([[1, 2]]),), {}).logits
-    assert logits.shape == (1, 2, 53) and counter.calls == [2]
+    assert logits.shape == (1, 2, 53) and guarded.calls == [2]
 
 
 # ----------------------------------------------------------------------------- release
