@@ -58,9 +58,11 @@ def _check_loss(fn) -> None:
 
 def _sink_softmax(scores: Tensor, sink_logit: Tensor) -> Tensor:
     """AUTOFILL's softmax with an empty slot: the course's ``attention_weights`` with the sink logit, for queries
-    whose scores against one-hot keys are the given scores [H, T, S]."""
+    whose scores against one-hot keys are the given scores [H, T, S] (a masked score, -inf, becomes the dtype's
+    lowest finite number, so that the product with the one-hot keys stays finite: its weight is still 0)."""
     s = scores.shape[-1]
-    return attention_weights(scores[None], torch.eye(s, dtype=scores.dtype)[None, None], scale=1.0,
+    finite = scores.clamp_min(torch.finfo(scores.dtype).min)
+    return attention_weights(finite[None], torch.eye(s, dtype=scores.dtype)[None, None], scale=1.0,
                              sink_logit=sink_logit)[0]
 
 
