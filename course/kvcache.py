@@ -223,6 +223,12 @@ class KVCache:
             raise ValueError(f"max_tokens must be an integer >= 1 (or None), got {max_tokens!r}")
         self.policy: Policy = policy if policy is not None else FullCache()
         self.chunks: Chunks = chunks
+        self.quantizer = self.policy.quantizer
+        if self.quantizer is not None:
+            self.quantizer.check_head_dim(head_dim)
+            if chunks == "stream":
+                raise ValueError("a quantized store cannot run chunks='stream' (a token's numbers change as it ages, "
+                                 "so a chunk cannot stand for the decode loop): decode token by token")
         # Allocate for min(budget, tokens that can exist): a budgeted cache starts at most at
         # ``capacity`` slots (or ``max_tokens``, the most the caller will feed) and doubles up to
         # budget + 1, so a budget far above the stream's length costs no memory.
@@ -244,6 +250,7 @@ class KVCache:
         ]
         self.seen = 0
         self._weight_rows: dict[int, int] = {}  # what the policy asked for in the last update, per layer
+        self._settled = [0] * n_layers  # quantized store: the position where each layer's next key group starts
 
     # ----------------------------------------------------------------------------- the layer's two calls
     def update(self, layer_idx: int, k: Tensor, v: Tensor, pos: Tensor) -> AttentionView:
@@ -262,6 +269,8 @@ class KVCache:
                 f"this cache holds [batch={self.shape[1]}, kv_heads={self.shape[2]}, head_dim={self.shape[3]}] "
                 f"but layer {layer_idx} gave keys of shape {tuple(k.shape)}: was it made by another model?"
             )
+        if self.quantizer is not None:  # tokens that left the residual are quantized before the new ones arrive
+            self._settled[layer_idx] = self.quantizer.settle(layer, self._settled[layer_idx], int(pos.min()))
         budget = self.policy.budget
         if k.shape[2] == 1 and budget is not None and layer.length >= budget:
             victim = self.policy.scores(layer, self.seen).argmin(dim=-1)  # [B, H_kv]
@@ -369,6 +378,8 @@ class KVCache:
         Only for caches that never evict (no budget): their slots are in stream order."""
         if self.policy.budget is not None or self.policy.prompt_budget is not None:
             raise ValueError(f"rewind needs a cache that never evicts; this one runs {self.policy.label}")
+        if self.quantizer is not None:
+            raise ValueError("rewind needs a cache in full precision: a quantized store has already rounded its tokens")
         if not 0 <= seen <= self.seen:
             raise ValueError(f"seen must be between 0 and {self.seen}, got {seen}")
         for layer in self.layers:
@@ -384,8 +395,11 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of keys and values in use (``cache_bytes_per_token`` per slot of each layer and batch row)."""
+        """Bytes of keys and values in use (``cache_bytes_per_token`` per slot of each layer and batch row; a
+        quantized store: its codes, scales and full-precision tokens, ``KIVI.nbytes``)."""
         _, b, h, d = self.shape
+        if self.quantizer is not None:
+            return sum(self.quantizer.nbytes(layer, torch.finfo(self.dtype).bits // 8) for layer in self.layers)
         per_slot = cache_bytes_per_token(1, h, d, torch.finfo(self.dtype).bits // 8)
         return b * per_slot * sum(layer.length for layer in self.layers)
 

@@ -36,6 +36,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:  # pragma: no cover
     from course.kvcache import LayerCache
+    from course.quantize import KIVI
 
 __all__ = [
     "Policy",
@@ -91,6 +92,17 @@ class Policy:
     budget: int | None = None  # slots per KV head while decoding (None: never evict)
     position_rule: PositionRule = "original"
     is_static = False  # the choice depends on positions only (the exact evaluator applies)
+    quantizer: KIVI | None = None  # how the kept tokens are stored (None: in the model's dtype)
+
+    def stored(self, quantizer: KIVI | None) -> Policy:
+        """This policy with its kept tokens stored by ``quantizer`` (``course.quantize.KIVI``); returns self.
+
+        A quantized store changes a token's numbers as it ages out of the full-precision residual, so a chunk of
+        several tokens can no longer stand for the decode loop: the policy stops being static."""
+        self.quantizer = quantizer
+        if quantizer is not None:
+            self.is_static = False
+        return self
 
     @property
     def prompt_budget(self) -> int | None:
@@ -132,7 +144,7 @@ class Policy:
         return self.name
 
     def __repr__(self) -> str:
-        return self.label
+        return self.label if self.quantizer is None else f"{self.label}@{self.quantizer.label}"
 
 
 class FullCache(Policy):
@@ -383,7 +395,7 @@ def _no_reassignment(what: str, config) -> str:
 def make_policy(
     name: str, budget: int | None = None, *, sinks: int | None = None, model=None, recent: int | None = None,
     obs_window: int = 8, kernel: int = 7, pooling: Literal["avg", "max"] = "max",
-    positions: PositionRule | None = None, seed: int = 0,
+    positions: PositionRule | None = None, seed: int = 0, quantizer: KIVI | None = None,
 ) -> Policy:
     """The one way the course builds a policy: a name and a total budget (slots per KV head, sinks included).
 
@@ -397,10 +409,22 @@ def make_policy(
       paper's rule); ``"h2o-mean"`` divides it by the number of queries that saw each key (a variant, as in
       kvpress's ObservedAttentionPress).
     * SnapKV: ``obs_window`` (at most budget - 1), ``kernel``, ``pooling``.
+    * ``quantizer``: how the kept tokens are stored (``course.quantize.KIVI``), any policy: ``make_policy("full",
+      quantizer=KIVI(bits=2))`` is quantization alone, ``make_policy("streaming", 256, quantizer=KIVI(bits=4))``
+      both.
     """
+    return _make_policy(name, budget, sinks=sinks, config=getattr(model, "config", model), recent=recent,
+                        obs_window=obs_window, kernel=kernel, pooling=pooling, positions=positions,
+                        seed=seed).stored(quantizer)
+
+
+def _make_policy(
+    name: str, budget: int | None, *, sinks: int | None, config, recent: int | None, obs_window: int, kernel: int,
+    pooling: Literal["avg", "max"], positions: PositionRule | None, seed: int,
+) -> Policy:
+    """``make_policy`` without the store: the policy itself."""
     if name not in POLICY_NAMES:
         raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}; got {name!r}")
-    config = getattr(model, "config", model)
     if positions is not None:
         _check_rule(positions)
         if positions == "cache" and config is not None and not config.reassigns_positions:

@@ -1,0 +1,166 @@
+"""KV-cache quantization: fewer bits per number instead of fewer tokens.
+
+Eviction keeps some tokens exactly and forgets the rest; quantization keeps every token, each a little wrong. KIVI
+(Liu et al. 2024, arXiv 2402.02750) found what makes a 2-bit cache work: keys and values are not alike.
+
+* **Keys per channel.** A few key channels carry outliers for every token, so one scale per *channel*, over a group
+  of G consecutive tokens, fits each channel's range (KIVI §3.2). The course stores keys before the rotary embedding,
+  where the outlier channels stay put (KVQuant, Hooper et al. 2024, arXiv 2401.18079, §3.1, quantizes them there).
+* **Values per token.** Values have no fixed outlier channels; their error is averaged by the attention weights row
+  by row, so one scale per *token*, over a group of G channels.
+* **A full-precision residual.** The most recent ``residual`` tokens (and the tokens of a key group not yet full)
+  stay in full precision; a key group is quantized once all of its G tokens are older than that.
+
+Each group is quantized asymmetrically (KIVI eq. 2): with m = min, M = max over the group,
+
+    scale = (M - m) / (2^b - 1),   code = round((x - m) / scale) in 0 .. 2^b - 1,   x' = code * scale + m.
+
+**Sinks exact.** The first tokens of a stream carry the attention sinks and, with them, the largest key norms; a
+quantizer that keeps the first ``exact_sinks`` tokens in full precision loses much less (IntactKV, Liu et al. 2024,
+arXiv 2403.01241; the "preserve the first N" baseline of KVSink, arXiv 2508.04257). ``KIVI(exact_sinks=4)`` never
+quantizes tokens 0..3.
+
+Simulated storage: the cache keeps ``x'`` (the dequantized numbers, exactly what unpacking the codes gives) in its
+own tensors, so attention, every eviction policy and the model run unchanged; ``KIVI.nbytes`` counts what a packed
+store holds: b-bit codes, a 16-bit scale and zero point per group, and the full-precision tokens.
+
+A quantizer rides on a policy (``make_policy(name, budget, quantizer=KIVI(bits=4))``): the policy chooses which tokens
+stay, the quantizer how they are stored. The cache calls ``settle`` before it stores each new token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from course.kvcache import LayerCache
+
+__all__ = ["KIVI", "quantize", "dequantize", "fake_quantize", "GROUP_STAT"]
+
+GROUP_STAT = "kivi_group"  # per-slot stat: 0 full precision, g + 1 for a key in quantized group g
+BITS = (2, 4, 8)
+
+
+def quantize(x: Tensor, bits: int, dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Asymmetric min-max quantization of ``x`` with one scale and zero point per slice along ``dim``.
+
+    Returns codes (uint8, x's shape, values 0 .. 2^bits - 1), scale and zero (float32, x's shape with ``dim`` of
+    size 1). A group whose numbers are all equal gets scale 1 (its codes are 0 and it comes back exactly)."""
+    x = x.float()
+    zero = x.amin(dim=dim, keepdim=True)
+    span = x.amax(dim=dim, keepdim=True) - zero
+    scale = torch.where(span > 0, span / (2**bits - 1), torch.ones_like(span))
+    codes = ((x - zero) / scale).round().clamp(0, 2**bits - 1).to(torch.uint8)
+    return codes, scale, zero
+
+
+def dequantize(codes: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
+    """x' = code * scale + zero (float32)."""
+    return codes.float() * scale + zero
+
+
+def fake_quantize(x: Tensor, bits: int, dim: int) -> Tensor:
+    """``dequantize(quantize(x))`` in x's dtype: the numbers a b-bit store gives back."""
+    return dequantize(*quantize(x, bits, dim)).to(x.dtype)
+
+
+def _check(name: str, value: int, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class KIVI:
+    """KIVI-style storage: keys per channel over groups of ``group`` tokens, values per token over groups of
+    ``group`` channels, ``bits`` per number, the last ``residual`` tokens and the first ``exact_sinks`` tokens in
+    full precision. ``scale_bytes``: bytes of one scale or zero point (16-bit, as KIVI stores them)."""
+
+    bits: int = 4
+    group: int = 32
+    residual: int = 32
+    exact_sinks: int = 0
+    scale_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        if self.bits not in BITS:
+            raise ValueError(f"bits must be one of {BITS}, got {self.bits!r}")
+        _check("group", self.group, 1)
+        _check("residual", self.residual, 0)
+        _check("exact_sinks", self.exact_sinks, 0)
+        _check("scale_bytes", self.scale_bytes, 1)
+
+    @property
+    def label(self) -> str:
+        sinks = f", {self.exact_sinks} exact" if self.exact_sinks else ""
+        return f"{self.bits}-bit{sinks}"
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """Values are grouped along the head dimension: the group must divide it."""
+        if head_dim % self.group:
+            raise ValueError(f"group must divide the head dimension {head_dim} (values are quantized per token in "
+                             f"groups of channels), got group={self.group}")
+
+    # ----------------------------------------------------------------------------- the cache's call
+    @torch.no_grad()
+    def settle(self, layer: LayerCache, done: int, next_position: int) -> int:
+        """Quantize, in place, every key group whose tokens are all older than the residual window of a token at
+        ``next_position``; ``done``: where the first group not yet quantized starts (a position). Returns the new
+        ``done``.
+
+        Group g holds the tokens at positions exact_sinks + g*G .. exact_sinks + (g+1)*G - 1; the tokens of a group
+        that eviction already dropped are simply absent, each (batch row, KV head) quantizing the ones it still
+        holds. Keys: min and max per channel over the group's tokens; values: per token, over groups of channels."""
+        done = max(done, self.exact_sinks)
+        while done + self.group <= next_position - self.residual:
+            self._quantize_group(layer, done)
+            done += self.group
+        return done
+
+    def _quantize_group(self, layer: LayerCache, start: int) -> None:
+        keys, values, pos = layer.live()  # [B, H_kv, S, d], [B, H_kv, S]
+        member = (pos >= start) & (pos < start + self.group)  # [B, H_kv, S]
+        if not bool(member.any()):
+            return
+        inside = member[..., None]
+        k = keys.float()
+        low = k.masked_fill(~inside, torch.inf).amin(dim=2, keepdim=True)  # [B, H_kv, 1, d]: per channel
+        high = k.masked_fill(~inside, -torch.inf).amax(dim=2, keepdim=True)
+        span = (high - low).nan_to_num(0.0)
+        scale = torch.where(span > 0, span / (2**self.bits - 1), torch.ones_like(span))
+        k_q = ((k - low) / scale).round().clamp(0, 2**self.bits - 1) * scale + low
+        keys.copy_(torch.where(inside, k_q.to(keys.dtype), keys))
+        b, h, s, d = values.shape
+        v_q = fake_quantize(values.reshape(b, h, s, d // self.group, self.group), self.bits, dim=-1)
+        values.copy_(torch.where(inside, v_q.reshape(b, h, s, d), values))
+        group_id = layer.stat(GROUP_STAT)
+        group_id.copy_(torch.where(member, float((start - self.exact_sinks) // self.group + 1), group_id))
+
+    # ----------------------------------------------------------------------------- what the store holds
+    def nbytes(self, layer: LayerCache, dtype_bytes: int) -> int:
+        """Bytes of one layer's keys and values as a packed store holds them: for each quantized slot its codes
+        (2 d numbers at ``bits``) and its values' scales and zero points (d / G groups); for each quantized key group
+        still holding a token in a (batch row, KV head), d scales and d zero points; every other slot in full
+        precision (2 d numbers at ``dtype_bytes``)."""
+        b, h, s, d = layer.live()[0].shape
+        group_id = layer.stat(GROUP_STAT)  # [B, H_kv, S]
+        quantized = int((group_id > 0).sum())
+        full = b * h * s - quantized
+        ordered = group_id.sort(dim=-1).values  # distinct group ids per (batch row, KV head): count the changes
+        key_groups = int((ordered[..., :1] > 0).sum() + ((ordered[..., 1:] != ordered[..., :-1])
+                                                        & (ordered[..., 1:] > 0)).sum())
+        code_bits = quantized * 2 * d * self.bits
+        value_scales = quantized * (d // self.group) * 2 * self.scale_bytes
+        key_scales = key_groups * d * 2 * self.scale_bytes
+        return full * 2 * d * dtype_bytes + (code_bits + 7) // 8 + value_scales + key_scales
+
+    def bytes_per_token(self, n_layers: int, kv_heads: int, head_dim: int) -> float:
+        """Bytes one quantized token costs in a cache of these shapes, its share of the key groups' scales
+        included (the long-run cost per token, the residual aside): 2 L H_kv (d b / 8 + 2 s d / G)."""
+        per_head = 2 * head_dim * self.bits / 8 + 2 * self.scale_bytes * (head_dim // self.group)
+        per_head += 2 * self.scale_bytes * head_dim / self.group  # the key group's per-channel scales, shared by G
+        return n_layers * kv_heads * per_head

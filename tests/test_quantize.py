@@ -1,0 +1,131 @@
+"""The quantized store (``course.quantize.KIVI``): the quantizer's arithmetic, KIVI's layout inside the real cache
+under a running model (keys per channel over token groups, values per token over channel groups, the residual and the
+sinks in full precision), the bytes a packed store holds, and the store under eviction policies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course.exercises.fixtures import tiny_model
+from course.policies import make_policy
+from course.quantize import GROUP_STAT, KIVI, dequantize, fake_quantize, quantize
+from course.streaming import decode_stream, exact_stream
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_quantize_round_trip_is_within_half_a_step(bits):
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(bits)) * 4
+    codes, scale, zero = quantize(x, bits, dim=-1)
+    assert codes.dtype == torch.uint8 and int(codes.max()) <= 2**bits - 1
+    assert scale.shape == zero.shape == (3, 5, 1)
+    back = dequantize(codes, scale, zero)
+    assert (back - x).abs().max() <= scale.max() / 2 + 1e-5
+    # the ends of every group come back exactly (asymmetric min-max)
+    assert torch.allclose(back.amin(-1), x.amin(-1), atol=1e-5) and torch.allclose(back.amax(-1), x.amax(-1), atol=1e-4)
+    assert torch.equal(fake_quantize(torch.full((4, 8), 2.5), bits, dim=-1), torch.full((4, 8), 2.5))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(bits=3), "bits must be one of (2, 4, 8)"), (dict(group=0), "group must be an integer >= 1"),
+    (dict(residual=-1), "residual must be"), (dict(exact_sinks=1.5), "exact_sinks must be")])
+def test_bad_settings_are_refused_by_name(change, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        KIVI(**change)
+
+
+def _stream(model, policy, n: int = 40, seed: int = 0):
+    """Decode n random tokens one by one through a cache made for ``policy``: the cache."""
+    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+    cache = model.new_cache(1, policy)
+    with torch.inference_mode():
+        for t in range(n):
+            model(ids[:, t : t + 1], cache=cache)
+    return cache
+
+
+def test_kivi_layout_in_the_cache_of_a_running_model():
+    """Layer 0's keys and values depend only on their own token (keys are cached before rotation), so a plain run
+    gives the originals: every quantized group is exactly KIVI's rounding of them, the rest untouched."""
+    model = tiny_model("llama")
+    kivi = KIVI(bits=2, group=4, residual=6, exact_sinks=3)
+    plain = _stream(model, make_policy("full")).layers[0]
+    store = _stream(model, make_policy("full", quantizer=kivi)).layers[0]
+    k0, v0, pos = plain.live()
+    k, v, _ = store.live()
+    n = pos.shape[-1]
+    groups = (n - 1 - kivi.residual - kivi.exact_sinks) // kivi.group  # quantized before the last token arrived
+    assert groups == 7
+    for g in range(groups):
+        span = slice(kivi.exact_sinks + g * kivi.group, kivi.exact_sinks + (g + 1) * kivi.group)
+        assert torch.allclose(k[:, :, span], fake_quantize(k0[:, :, span], 2, dim=2))  # per channel, over tokens
+        b, h, t, d = v0[:, :, span].shape
+        per_token = fake_quantize(v0[:, :, span].reshape(b, h, t, d // 4, 4), 2, dim=-1).reshape(b, h, t, d)
+        assert torch.allclose(v[:, :, span], per_token)  # per token, over groups of 4 channels
+        assert all(k[0, 0, span, c].unique().numel() <= 4 for c in range(d))
+    rest = slice(kivi.exact_sinks + groups * kivi.group, n)
+    assert torch.equal(k[:, :, :3], k0[:, :, :3]) and torch.equal(v[:, :, :3], v0[:, :, :3])  # the sinks exact
+    assert torch.equal(k[:, :, rest], k0[:, :, rest]) and torch.equal(v[:, :, rest], v0[:, :, rest])
+    assert (store.stat(GROUP_STAT) > 0).sum() == groups * kivi.group * k.shape[1]
+
+
+def _packed_bytes(n_tokens: int, quantized: int, groups: int, d: int, bits: int, group: int, heads: int,
+                  full_bytes: int) -> int:
+    """A packed store, counted by hand for one layer and one batch row."""
+    codes = quantized * 2 * d * bits / 8
+    value_scales = quantized * (d // group) * 2 * 2
+    key_scales = groups * d * 2 * 2
+    return int(heads * (codes + value_scales + key_scales + (n_tokens - quantized) * 2 * d * full_bytes))
+
+
+def test_bytes_count_codes_scales_and_full_precision_tokens():
+    model = tiny_model("llama")
+    kivi = KIVI(bits=4, group=4, residual=6, exact_sinks=3)
+    cache = _stream(model, make_policy("full", quantizer=kivi))
+    per_layer = _packed_bytes(40, 7 * 4, 7, 8, 4, 4, 2, 8)  # float64 model: 8 bytes per number
+    assert cache.nbytes == model.config.n_layer * per_layer
+    plain = _stream(model, make_policy("full"))
+    assert cache.nbytes < plain.nbytes
+    # the long-run cost per token: 2 L H_kv (d b/8 + 2 s d/G)
+    assert kivi.bytes_per_token(2, 2, 8) == 2 * 2 * 2 * (8 * 4 / 8 + 2 * 2 * 8 / 4)
+
+
+def test_eviction_runs_on_the_quantized_store():
+    model = tiny_model("llama")
+    kivi = KIVI(bits=4, group=4, residual=4, exact_sinks=4)
+    cache = _stream(model, make_policy("streaming", 16, model=model, quantizer=kivi), n=60)
+    assert cache.n_slots == 16
+    pos = cache.positions(0)[0, 0].sort().values
+    assert pos.tolist() == [0, 1, 2, 3, *range(48, 60)]
+    groups = cache.layers[0].stat(GROUP_STAT)
+    assert bool((groups[cache.positions(0) < 4] == 0).all())  # the sinks were never quantized
+    h2o = _stream(model, make_policy("h2o", 16, quantizer=KIVI(bits=2, group=4, residual=4)), n=60)
+    assert h2o.n_slots == 16 and bool((h2o.layers[0].stat(GROUP_STAT) > 0).any())
+    assert repr(h2o.policy) == "h2o(8+8)@2-bit"
+
+
+def test_fewer_bits_cost_more_loss():
+    """On one stream of a small random model: the NLL's distance from the full-precision cache's grows as the bits
+    shrink."""
+    model = tiny_model("llama", n_layer=2)
+    ids = torch.randint(0, 53, (1, 64), generator=torch.Generator().manual_seed(3))
+    base = decode_stream(model, ids, make_policy("full"), progress=False).nll
+
+    def gap(**settings) -> float:
+        policy = make_policy("full", quantizer=KIVI(group=8, residual=8, **settings))
+        return float((decode_stream(model, ids, policy, progress=False).nll - base).abs().mean())
+
+    gaps = [gap(bits=b) for b in (8, 4, 2)]
+    assert 0 < gaps[0] < gaps[1] < gaps[2]
+
+
+def test_a_quantized_store_is_refused_where_it_cannot_be_exact():
+    model = tiny_model("llama")
+    policy = make_policy("window", 8, quantizer=KIVI(bits=4, group=4))
+    assert not policy.is_static
+    with pytest.raises(ValueError, match="decode token by token"):
+        model.new_cache(1, policy, chunks="stream")
+    with pytest.raises(ValueError, match="positions alone"):
+        exact_stream(model, torch.zeros(1, 12, dtype=torch.long), policy, progress=False)
+    with pytest.raises(ValueError, match="group must divide the head dimension 8"):
+        model.new_cache(1, make_policy("full", quantizer=KIVI(group=3)))
