@@ -31,7 +31,7 @@ stay, the quantizer how they are stored. The cache calls ``settle`` before it st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
@@ -78,17 +78,22 @@ def _check(name: str, value: int, low: int) -> int:
 class KIVI:
     """KIVI-style storage: keys per channel over groups of ``group`` tokens, values per token over groups of
     ``group`` channels, ``bits`` per number, the last ``residual`` tokens and the first ``exact_sinks`` tokens in
-    full precision. ``scale_bytes``: bytes of one scale or zero point (16-bit, as KIVI stores them)."""
+    full precision. ``scale_bytes``: bytes of one scale or zero point (16-bit, as KIVI stores them).
+    ``keys="token"`` groups the keys per token like the values: the layout KIVI shows fails at 2 bits (its §3.1),
+    and the one transformers' ``QuantizedCache`` uses (quanto, axis 0: groups of channels within a token)."""
 
     bits: int = 4
     group: int = 32
     residual: int = 32
     exact_sinks: int = 0
     scale_bytes: int = 2
+    keys: Literal["channel", "token"] = "channel"
 
     def __post_init__(self) -> None:
         if self.bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {self.bits!r}")
+        if self.keys not in ("channel", "token"):
+            raise ValueError(f"keys must be 'channel' (KIVI) or 'token' (grouped like the values), got {self.keys!r}")
         _check("group", self.group, 1)
         _check("residual", self.residual, 0)
         _check("exact_sinks", self.exact_sinks, 0)
@@ -127,40 +132,50 @@ class KIVI:
         if not bool(member.any()):
             return
         inside = member[..., None]
-        k = keys.float()
-        low = k.masked_fill(~inside, torch.inf).amin(dim=2, keepdim=True)  # [B, H_kv, 1, d]: per channel
+        k_q = self._per_channel(keys, inside) if self.keys == "channel" else self._per_token(keys)
+        keys.copy_(torch.where(inside, k_q, keys))
+        values.copy_(torch.where(inside, self._per_token(values), values))
+        group_id = layer.stat(GROUP_STAT)
+        group_id.copy_(torch.where(member, float((start - self.exact_sinks) // self.group + 1), group_id))
+
+    def _per_channel(self, x: Tensor, inside: Tensor) -> Tensor:
+        """x [B, H_kv, S, d] rounded with one scale per channel over the slots ``inside`` ([B, H_kv, S, 1])."""
+        k = x.float()
+        low = k.masked_fill(~inside, torch.inf).amin(dim=2, keepdim=True)  # [B, H_kv, 1, d]
         high = k.masked_fill(~inside, -torch.inf).amax(dim=2, keepdim=True)
         span = (high - low).nan_to_num(0.0)
         scale = torch.where(span > 0, span / (2**self.bits - 1), torch.ones_like(span))
-        k_q = ((k - low) / scale).round().clamp(0, 2**self.bits - 1) * scale + low
-        keys.copy_(torch.where(inside, k_q.to(keys.dtype), keys))
-        b, h, s, d = values.shape
-        v_q = fake_quantize(values.reshape(b, h, s, d // self.group, self.group), self.bits, dim=-1)
-        values.copy_(torch.where(inside, v_q.reshape(b, h, s, d), values))
-        group_id = layer.stat(GROUP_STAT)
-        group_id.copy_(torch.where(member, float((start - self.exact_sinks) // self.group + 1), group_id))
+        return (((k - low) / scale).round().clamp(0, 2**self.bits - 1) * scale + low).to(x.dtype)
+
+    def _per_token(self, x: Tensor) -> Tensor:
+        """x [B, H_kv, S, d] rounded with one scale per token over each group of ``group`` channels."""
+        b, h, s, d = x.shape
+        return fake_quantize(x.reshape(b, h, s, d // self.group, self.group), self.bits, dim=-1).reshape(b, h, s, d)
 
     # ----------------------------------------------------------------------------- what the store holds
     def nbytes(self, layer: LayerCache, dtype_bytes: int) -> int:
         """Bytes of one layer's keys and values as a packed store holds them: for each quantized slot its codes
         (2 d numbers at ``bits``) and its values' scales and zero points (d / G groups); for each quantized key group
-        still holding a token in a (batch row, KV head), d scales and d zero points; every other slot in full
+        still holding a token in a (batch row, KV head), d scales and d zero points (``keys="token"``: each
+        quantized key its own d / G scales and zero points, as its value); every other slot in full
         precision (2 d numbers at ``dtype_bytes``)."""
         b, h, s, d = layer.live()[0].shape
         group_id = layer.stat(GROUP_STAT)  # [B, H_kv, S]
         quantized = int((group_id > 0).sum())
         full = b * h * s - quantized
+        code_bits = quantized * 2 * d * self.bits
+        value_scales = quantized * (d // self.group) * 2 * self.scale_bytes
+        if self.keys == "token":
+            return full * 2 * d * dtype_bytes + (code_bits + 7) // 8 + 2 * value_scales
         ordered = group_id.sort(dim=-1).values  # distinct group ids per (batch row, KV head): count the changes
         key_groups = int((ordered[..., :1] > 0).sum() + ((ordered[..., 1:] != ordered[..., :-1])
                                                         & (ordered[..., 1:] > 0)).sum())
-        code_bits = quantized * 2 * d * self.bits
-        value_scales = quantized * (d // self.group) * 2 * self.scale_bytes
         key_scales = key_groups * d * 2 * self.scale_bytes
         return full * 2 * d * dtype_bytes + (code_bits + 7) // 8 + value_scales + key_scales
 
     def bytes_per_token(self, n_layers: int, kv_heads: int, head_dim: int) -> float:
         """Bytes one quantized token costs in a cache of these shapes, its share of the key groups' scales
-        included (the long-run cost per token, the residual aside): 2 L H_kv (d b / 8 + 2 s d / G)."""
-        per_head = 2 * head_dim * self.bits / 8 + 2 * self.scale_bytes * (head_dim // self.group)
-        per_head += 2 * self.scale_bytes * head_dim / self.group  # the key group's per-channel scales, shared by G
+        included (the long-run cost per token, the residual aside): 2 L H_kv (d b / 8 + 2 s d / G) either way (a
+        per-channel key group's d scales are shared by G tokens, a token's d / G key groups are its own)."""
+        per_head = 2 * head_dim * self.bits / 8 + 4 * self.scale_bytes * head_dim / self.group
         return n_layers * kv_heads * per_head
