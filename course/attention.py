@@ -22,7 +22,7 @@ from course.models.base import CausalLM
 from course.policies import Policy
 
 __all__ = ["attention_maps", "sink_mass", "key_mass", "punctuation_keys", "sink_heads_share", "top_k_mass",
-           "uniform_mass", "sink_kept", "residual_norms", "value_norms", "first_token_ablation"]
+           "uniform_mass", "sink_kept", "residual_norms", "activation_peaks", "value_norms", "first_token_ablation"]
 
 
 @torch.inference_mode()
@@ -128,6 +128,28 @@ def residual_norms(model: CausalLM, ids: Tensor) -> Tensor:
         for h in hooks:
             h.remove()
     return torch.stack(norms)
+
+
+@torch.inference_mode()
+def activation_peaks(model: CausalLM, ids: Tensor) -> Tensor:
+    """Single activations, as Sun et al. (2024) measure them: per block, the largest magnitude among the first
+    token's hidden-state dimensions over the median magnitude of every activation of that block's output (all
+    tokens, all dimensions): [layers] (batch row 0)."""
+    ids = ids if ids.dim() == 2 else ids[None]
+    model.config.check_tokens(ids.shape[1], "activation_peaks")
+    ratios: list[Tensor] = []
+
+    def peak(m, i, out):
+        h = out[0][0].float().abs()                      # [T, D]
+        ratios.append((h[0].max() / h.median()).cpu())
+
+    hooks = [b.register_forward_hook(peak) for b in model.blocks]
+    try:
+        model(ids.to(model.device))
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(ratios)
 
 
 @torch.inference_mode()

@@ -103,6 +103,10 @@ def test_first_token_ablation_zeroes_the_value_and_hides_the_key(family):
     nll = torch.nn.functional.cross_entropy(logits[0, 8:].double(), ids[0, 9:])
     assert abs(out["normal"] - float(nll.exp())) < 1e-4 * out["normal"]
     assert residual_norms(model, ids).shape == (2, 40) and value_norms(model, ids).shape == (2, 40)
+    from course.attention import activation_peaks
+
+    peaks = activation_peaks(model, ids)                 # per layer: token 0's largest activation / the median one
+    assert peaks.shape == (2,) and bool((peaks > 0).all())
     from course.attention import _first_value_zeroed
 
     with _first_value_zeroed(model):

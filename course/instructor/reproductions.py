@@ -94,13 +94,11 @@ def render(columns: dict[str, tuple[list[dict], dict[str, str], dict[str, str]]]
     by = {name: {_key(r): r for r in columns[name][0]} for name in names}
 
     def absent(name: str, key: tuple) -> str:
-        rows, runs, not_run = columns[name]
-        stem = next((s for s in list(runs) + list(not_run) if s.startswith(key[0] + "_")), None)
-        if stem is None or stem not in runs:
-            why = not_run.get(stem or "", "") if stem else ""
-            why = why or next((w for s, w in not_run.items() if s.startswith(key[0] + "_")), "")
-            return f"*not run*{': ' + why if why else ''}"
-        return "*no such row in this run*"
+        _, runs, not_run = columns[name]
+        if any(stem[:2] == key[0] for stem in runs):
+            return "*no such row in this run*"
+        why = next((w for stem, w in not_run.items() if stem[:2] == key[0]), "")
+        return "*not run*" + (f": {why}" if why else "")
 
     out = ["# Reproductions", "",
            "Every published result the course quotes or re-runs, the paper's number beside the course's own, in three "
