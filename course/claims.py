@@ -139,7 +139,7 @@ class Rule:
         repetition). The verdict is one of ``VERDICTS``, inconclusive written with its n."""
         try:
             iv = interval(measured, self.statistic)
-        except ValueError:
+        except (TypeError, ValueError):  # None, NaN or no value: nothing was measured
             return NOT_REPRODUCED, f"{self.quantity}: no number was measured", Interval(float("nan"), float("nan"),
                                                                                          float("nan"), 0, "none",
                                                                                          self.statistic)

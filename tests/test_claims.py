@@ -61,6 +61,7 @@ def test_every_verdict_is_judged_on_an_interval_and_straddling_is_inconclusive()
     verdict, reason = up.verdict([8, 30, 40])          # median 30, but one passage below 10
     assert verdict == "inconclusive at n = 3" and "straddles 10" in reason
     assert up.verdict([1.5, 3])[0] == "inconclusive at n = 2"   # across the partly bound
+    assert up.verdict(None) == ("not reproduced at this scale", "window only / sinks: no number was measured")
     down = Rule("sinks / dense", at_most=1.05)
     assert down.verdict([0.98, 1.0, 1.04])[0] == "reproduced" and down.verdict([1.0, 1.2])[0].startswith("inconclusive")
 
