@@ -167,9 +167,33 @@ def test_the_page_is_written_from_executed_notebooks(tmp_path):
     assert "## Illustrations (shown, not counted)" in page and "true by construction" in page
     assert "Where FAST and full size disagree" in page and "FAST *partly*, full size *reproduced*" in page
     assert "`04_h2o` not run: 23 minutes on two cores" in page
+    assert "**FAST** (the quick mode" in page and "**full size** (the sizes the notebooks are written for" in page
     assert "Quoted, not re-run" in page and "Table 3" in page  # results no notebook re-ran are still listed
     with pytest.raises(ValueError, match="two folders give the column"):
         write_reproductions([tmp_path / "fast", tmp_path / "fast"], tmp_path / "x.md")
     (tmp_path / "fast" / "03_streaming_llm.ipynb").unlink()
     with pytest.raises(ValueError, match="no executed notebook holds reproduction rows"):
         write_reproductions(tmp_path / "fast", tmp_path / "x.md")
+
+
+def test_the_committed_page_has_both_columns_the_three_kinds_and_n_everywhere():
+    """docs/reproductions.md as committed: FAST and full-size columns, the three kinds apart, every row with its n,
+    every reproduction of two values or more with its interval."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reproductions.md").read_text(encoding="utf-8")
+    sections = ["## Reproductions (counted)", "## Illustrations (shown, not counted)",
+                "## The course's own findings (no paper)", "## The rules, fixed before the runs"]
+    assert [page.index(s) for s in sections] == sorted(page.index(s) for s in sections)
+    assert "| FAST: course | FAST: verdict | full size: course | full size: verdict |" in page
+    reps = page[page.index(sections[0]):page.index(sections[1])]
+    rows = [line for line in reps.splitlines() if line.startswith("| 0")]
+    assert rows, "no reproduction row"
+    for line in rows:
+        cells = [c for c in line.split(" | ") if "; " in c and ", n = " in c]
+        assert cells, f"a reproduction row without its n: {line[:120]}"
+        for c in cells:
+            n = int(c.split(", n = ")[1].split(";")[0])
+            assert n == 1 or (" to " in c and ("range]" in c or "interval]" in c)), f"no interval: {c[:120]}"
+    for kind in sections[1:3]:
+        part = page[page.index(kind):]
+        assert any(line.startswith("| 0") and ", n = " in line for line in part.splitlines()), kind
+

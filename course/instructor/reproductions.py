@@ -23,6 +23,14 @@ __all__ = ["read_rows", "read_not_run", "column_name", "render", "write_reproduc
 
 NOT_RUN_FILE = "not-run.txt"
 
+#: what each column's numbers are, said above the table (a column named after its folder gets no line)
+COLUMN_MEANING = {
+    "FAST": "the quick mode every test run executes (`FAST = True`): fewer and shorter passages, seeds and prompts, "
+            "minutes per notebook on two cores",
+    "full size": "the sizes the notebooks are written for (`FAST = False`): more passages, longer prompts, 2 to 25 "
+                 "minutes per notebook on two cores",
+}
+
 
 def read_rows(executed: Path | str) -> tuple[list[dict], dict[str, str]]:
     """Every row stored in the executed notebooks ``NN_*.ipynb`` of ``executed``, and how each notebook ran
@@ -120,7 +128,8 @@ def render(columns: dict[str, tuple[list[dict], dict[str, str], dict[str, str]]]
         rows, runs, not_run = columns[name]
         read = "; ".join(f"`{n}` ({p or 'default parameters'})" for n, p in runs.items())
         skipped = "; ".join(f"`{n}` not run: {w}" for n, w in not_run.items() if n not in runs)
-        out += [f"**{name}**: notebooks read: {read or 'none'}." + (f" {skipped}." if skipped else ""), ""]
+        meaning = f" ({COLUMN_MEANING[name]})" if name in COLUMN_MEANING else ""
+        out += [f"**{name}**{meaning}: notebooks read: {read or 'none'}." + (f" {skipped}." if skipped else ""), ""]
     tallies = []
     for name in names:
         reps = [r for r in columns[name][0] if r["kind"] == REPRODUCTION]
