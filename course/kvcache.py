@@ -256,9 +256,6 @@ class KVCache:
         self.quantizer = self.policy.quantizer
         if self.quantizer is not None:
             self.quantizer.check_head_dim(head_dim)
-            if chunks == "stream":
-                raise ValueError("a quantized store cannot run chunks='stream' (a token's numbers change as it ages, "
-                                 "so a chunk cannot stand for the decode loop): decode token by token")
         # Allocate for min(budget, tokens that can exist): a budgeted cache starts at most at
         # ``capacity`` slots (or ``max_tokens``, the most the caller will feed) and doubles up to
         # budget + 1, so a budget far above the stream's length costs no memory.
@@ -300,7 +297,10 @@ class KVCache:
                 f"but layer {layer_idx} gave keys of shape {tuple(k.shape)}: was it made by another model?"
             )
         if self.quantizer is not None:  # tokens that left the residual are quantized before the new ones arrive
-            self._settled[layer_idx] = self.quantizer.settle(layer, self._settled[layer_idx], int(pos.min()))
+            first = int(pos.min())
+            if self._streamed() and k.shape[2] > 1:
+                self.quantizer.check_chunk(first, k.shape[2])
+            self._settled[layer_idx] = self.quantizer.settle(layer, self._settled[layer_idx], first)
         budget = self.policy.budget
         if k.shape[2] == 1 and budget is not None and layer.length >= budget:
             victim = self.policy.scores(layer, self.seen).argmin(dim=-1)  # [B, H_kv]

@@ -97,11 +97,10 @@ class Policy:
     def stored(self, quantizer: KIVI | None) -> Policy:
         """This policy with its kept tokens stored by ``quantizer`` (``course.quantize.KIVI``); returns self.
 
-        A quantized store changes a token's numbers as it ages out of the full-precision residual, so a chunk of
-        several tokens can no longer stand for the decode loop: the policy stops being static."""
+        A quantized store changes a token's numbers as it ages out of the full-precision residual; a static policy
+        stays static: the exact evaluator cuts its chunks where no key group leaves the residual inside a chunk
+        (``KIVI.chunk_starts``)."""
         self.quantizer = quantizer
-        if quantizer is not None:
-            self.is_static = False
         return self
 
     @property

@@ -110,7 +110,23 @@ class KIVI:
             raise ValueError(f"group must divide the head dimension {head_dim} (values are quantized per token in "
                              f"groups of channels), got group={self.group}")
 
-    # ----------------------------------------------------------------------------- the cache's call
+    # ----------------------------------------------------------------------------- the cache's calls
+    def chunk_starts(self, n_tokens: int) -> list[int]:
+        """Where a chunk of a stream must start for the exact evaluator: at every position exact_sinks + residual
+        + k G (k >= 1), below ``n_tokens``. Between two of them no key group leaves the residual, so every query of
+        a chunk sees the keys quantized exactly as when it was decoded alone."""
+        first = self.exact_sinks + self.residual + self.group
+        return list(range(first, n_tokens, self.group))
+
+    def check_chunk(self, first: int, tokens: int) -> None:
+        """Refuse a stream chunk at positions first .. first + tokens - 1 that a key group leaves the residual
+        within (its later queries would see that group quantized, the earlier ones not)."""
+        inside = [s for s in self.chunk_starts(first + tokens) if first < s]
+        if inside:
+            raise ValueError(f"a stream chunk of the quantized store may not cross position {inside[0]}, where a key "
+                             f"group leaves the residual: cut chunks at KIVI.chunk_starts (got positions {first}.."
+                             f"{first + tokens - 1})")
+
     @torch.no_grad()
     def settle(self, layer: LayerCache, done: int, next_position: int) -> int:
         """Quantize, in place, every key group whose tokens are all older than the residual window of a token at

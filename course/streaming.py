@@ -135,7 +135,7 @@ def decode_stream(model: CausalLM, ids: Tensor, policy: Policy | None = None, pr
     nll = torch.empty(ids.shape[0], n - 1, device=ids.device, dtype=torch.promote_types(model.dtype, torch.float32))
     sizes = []
     start = time.perf_counter()
-    with _progress(n - 1, f"decode {policy.label}", progress) as bar:
+    with _progress(n - 1, f"decode {policy!r}", progress) as bar:
         for t in range(n - 1):
             logits = model(ids[:, t : t + 1], cache=cache).logits
             nll[:, t] = next_token_nll(logits, ids[:, t + 1 : t + 2])[:, 0]
@@ -143,7 +143,7 @@ def decode_stream(model: CausalLM, ids: Tensor, policy: Policy | None = None, pr
             bar.update(1)
     synchronize(ids.device)
     extra = inspect(cache) if inspect is not None else {}
-    return StreamResult(policy.label, nll.cpu(), sizes, time.perf_counter() - start, _fill_index(policy, n), extra)
+    return StreamResult(repr(policy), nll.cpu(), sizes, time.perf_counter() - start, _fill_index(policy, n), extra)
 
 
 @torch.inference_mode()
@@ -152,7 +152,9 @@ def exact_stream(
 ) -> StreamResult:
     """The exact fast evaluator: the NLL ``decode_stream`` would give, computed chunk by chunk.
 
-    Only for policies decided by positions alone (``policy.is_static``: full, window, sinks + window).
+    Only for policies decided by positions alone (``policy.is_static``: full, window, sinks + window). With a
+    quantized store (``policy.quantizer``) chunks are also cut where a key group leaves the residual
+    (``KIVI.chunk_starts``), and the bytes of each token are those the store holds at the end of its chunk.
     """
     ids = _check_ids(ids, model, "exact_stream")
     policy = policy or FullCache()
@@ -164,18 +166,21 @@ def exact_stream(
     n = ids.shape[1]
     pieces, sizes = [], []
     start = time.perf_counter()
-    with _progress(n - 1, f"exact {policy.label}", progress) as bar:
-        for c0 in range(0, n - 1, chunk):
-            c1 = min(c0 + chunk, n - 1)
+    cuts = set(range(0, n - 1, chunk)) | set(policy.quantizer.chunk_starts(n - 1) if policy.quantizer else [])
+    starts = sorted(cuts)
+    with _progress(n - 1, f"exact {policy!r}", progress) as bar:
+        for c0, c1 in zip(starts, starts[1:] + [n - 1]):
             logits = model(ids[:, c0:c1], cache=cache).logits
             pieces.append(next_token_nll(logits, ids[:, c0 + 1 : c1 + 1]))
-            budget = policy.budget
-            sizes.extend(_bytes_after(cache, t, budget) for t in range(c0, c1))
             cache.compress()
+            if policy.quantizer is None:
+                sizes.extend(_bytes_after(cache, t, policy.budget) for t in range(c0, c1))
+            else:
+                sizes.extend([cache.nbytes] * (c1 - c0))
             bar.update(c1 - c0)
     synchronize(ids.device)
     nll = torch.cat(pieces, dim=1).cpu()
-    return StreamResult(policy.label, nll, sizes, time.perf_counter() - start, _fill_index(policy, n))
+    return StreamResult(repr(policy), nll, sizes, time.perf_counter() - start, _fill_index(policy, n))
 
 
 def _bytes_after(cache, t: int, budget: int | None) -> int:

@@ -119,13 +119,35 @@ def test_fewer_bits_cost_more_loss():
     assert 0 < gaps[0] < gaps[1] < gaps[2]
 
 
-def test_a_quantized_store_is_refused_where_it_cannot_be_exact():
+@pytest.mark.parametrize("name, budget, kivi", [
+    ("full", None, KIVI(bits=2, group=4, residual=6)),
+    ("window", 20, KIVI(bits=4, group=4, residual=4, exact_sinks=2)),
+    ("streaming", 24, KIVI(bits=2, group=8, residual=0, exact_sinks=4)),
+    ("streaming", 24, KIVI(bits=8, group=4, residual=5, keys="token"))])
+def test_the_exact_evaluator_equals_the_decode_loop_on_a_quantized_store(name, budget, kivi):
     model = tiny_model("llama")
-    policy = make_policy("window", 8, quantizer=KIVI(bits=4, group=4))
-    assert not policy.is_static
-    with pytest.raises(ValueError, match="decode token by token"):
-        model.new_cache(1, policy, chunks="stream")
-    with pytest.raises(ValueError, match="positions alone"):
-        exact_stream(model, torch.zeros(1, 12, dtype=torch.long), policy, progress=False)
+    ids = torch.randint(0, 53, (2, 70), generator=torch.Generator().manual_seed(5))
+    policy = lambda: make_policy(name, budget, model=model, quantizer=kivi)  # noqa: E731
+    slow = decode_stream(model, ids, policy(), progress=False)
+    fast = exact_stream(model, ids, policy(), chunk=16, progress=False)
+    assert torch.allclose(fast.nll, slow.nll, atol=1e-9)
+    assert fast.cache_bytes[-1] == slow.cache_bytes[-1]
+    plain = decode_stream(model, ids, make_policy(name, budget, model=model), progress=False)
+    assert not torch.allclose(plain.nll, slow.nll, atol=1e-6)  # the store changed something
+
+
+def test_a_chunk_a_key_group_leaves_the_residual_within_is_refused():
+    model = tiny_model("llama")
+    kivi = KIVI(bits=4, group=4, residual=4)
+    assert kivi.chunk_starts(20) == [8, 12, 16]
+    cache = model.new_cache(1, make_policy("window", 30, quantizer=kivi), chunks="stream")
+    with torch.inference_mode():
+        model(torch.zeros(1, 8, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="may not cross position 12"):
+            model(torch.zeros(1, 6, dtype=torch.long), cache=cache)
+
+
+def test_a_bad_group_is_refused_by_the_cache():
+    model = tiny_model("llama")
     with pytest.raises(ValueError, match="group must divide the head dimension 8"):
         model.new_cache(1, make_policy("full", quantizer=KIVI(group=3)))
