@@ -425,13 +425,17 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of keys and values in use (``cache_bytes_per_token`` per slot of each layer and batch row; a
-        quantized store: its codes, scales and full-precision tokens, ``KIVI.nbytes``)."""
+        """Bytes of keys and values in use, at the cache's dtype (``bytes_at``)."""
+        return self.bytes_at(torch.finfo(self.dtype).bits // 8)
+
+    def bytes_at(self, dtype_bytes: int) -> int:
+        """Bytes of keys and values in use if full-precision numbers took ``dtype_bytes`` each (e.g. 2: what a
+        16-bit deployment holds, whatever the dtype this cache computes in): ``cache_bytes_per_token`` per slot of
+        each layer and batch row; a quantized store: its codes, scales and full-precision tokens (``KIVI.nbytes``)."""
         _, b, h, d = self.shape
         if self.quantizer is not None:
-            return sum(self.quantizer.nbytes(layer, torch.finfo(self.dtype).bits // 8) for layer in self.layers)
-        per_slot = cache_bytes_per_token(1, h, d, torch.finfo(self.dtype).bits // 8)
-        return b * per_slot * sum(layer.length for layer in self.layers)
+            return sum(self.quantizer.nbytes(layer, dtype_bytes) for layer in self.layers)
+        return b * cache_bytes_per_token(1, h, d, dtype_bytes) * sum(layer.length for layer in self.layers)
 
     @property
     def allocated_bytes(self) -> int:

@@ -300,6 +300,35 @@ def spread_plot(series: dict[str, Sequence[float]], xlabel: str, title: str = ""
 __all__ += ["spread_plot"]
 
 
+def frontier_plot(points: Sequence, reference: float = 1.0, title: str = "") -> Figure:
+    """Quality against bytes: one line per family of stores, one marker per store (``course.frontier.StorePoint``:
+    x its fraction of the full cache's bytes, y its median perplexity over the passages relative to ``reference``,
+    with a bar from the lowest to the highest passage's)."""
+    if not points:
+        raise ValueError("frontier_plot needs at least one point")
+    fig, (ax,) = _axes((7.5, 4.5))
+    families = list(dict.fromkeys(p.family for p in points))
+    for i, family in enumerate(families):
+        members = sorted((p for p in points if p.family == family), key=lambda p: p.bytes_fraction)
+        x = [p.bytes_fraction for p in members]
+        y = [float(np.median(p.ppl)) / reference for p in members]
+        low = [y_ - min(p.ppl) / reference for y_, p in zip(y, members)]
+        high = [max(p.ppl) / reference - y_ for y_, p in zip(y, members)]
+        ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, color=f"C{i % 10}", label=family)
+        for p, xi, yi in zip(members, x, y):
+            ax.annotate(p.label, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=f"C{i % 10}")
+    ax.axhline(1.0, color="grey", ls="--", lw=1)
+    ax.set(xlabel="bytes held / the full cache's (16-bit)", ylabel="perplexity / the full cache's", xscale="log")
+    ax.set_title(title, fontsize=10)
+    plain_ticks(ax)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+__all__ += ["frontier_plot"]
+
+
 # --- figures for the interactive explorers
 
 __all__ += ["kept_tokens_figure"]

@@ -30,6 +30,7 @@ stay, the quantizer how they are stored. The cache calls ``settle`` before it st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -39,7 +40,7 @@ from torch import Tensor
 if TYPE_CHECKING:  # pragma: no cover
     from course.kvcache import LayerCache
 
-__all__ = ["KIVI", "quantize", "dequantize", "fake_quantize", "GROUP_STAT"]
+__all__ = ["KIVI", "RoundingFunction", "quantize", "dequantize", "fake_quantize", "GROUP_STAT", "error_by_token"]
 
 GROUP_STAT = "kivi_group"  # per-slot stat: 0 full precision, g + 1 for a key in quantized group g
 BITS = (2, 4, 8)
@@ -49,8 +50,9 @@ def quantize(x: Tensor, bits: int, dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Asymmetric min-max quantization of ``x`` with one scale and zero point per slice along ``dim``.
 
     Returns codes (uint8, x's shape, values 0 .. 2^bits - 1), scale and zero (float32, x's shape with ``dim`` of
-    size 1). A group whose numbers are all equal gets scale 1 (its codes are 0 and it comes back exactly)."""
-    x = x.float()
+    size 1), computed in float32 or wider. A group whose numbers are all equal gets scale 1 (its codes are 0 and it
+    comes back exactly)."""
+    x = x.to(_wide(x.dtype))
     zero = x.amin(dim=dim, keepdim=True)
     span = x.amax(dim=dim, keepdim=True) - zero
     scale = torch.where(span > 0, span / (2**bits - 1), torch.ones_like(span))
@@ -59,8 +61,13 @@ def quantize(x: Tensor, bits: int, dim: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def dequantize(codes: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
-    """x' = code * scale + zero (float32)."""
-    return codes.float() * scale + zero
+    """x' = code * scale + zero (in the scale's dtype)."""
+    return codes.to(scale.dtype) * scale + zero
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype rounding is computed in: float32, or the input's own if wider (float64)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def fake_quantize(x: Tensor, bits: int, dim: int) -> Tensor:
@@ -137,26 +144,35 @@ class KIVI:
         that eviction already dropped are simply absent, each (batch row, KV head) quantizing the ones it still
         holds. Keys: min and max per channel over the group's tokens; values: per token, over groups of channels."""
         done = max(done, self.exact_sinks)
+        keys, values, pos = layer.live()
+        settled = self.round_groups(keys, values, pos, done, next_position)
+        group_id = layer.stat(GROUP_STAT)  # which slots are quantized, in which key group (for nbytes)
+        for start in range(done, settled, self.group):
+            member = (pos >= start) & (pos < start + self.group)
+            group_id.copy_(torch.where(member, float((start - self.exact_sinks) // self.group + 1), group_id))
+        return settled
+
+    def round_groups(self, keys: Tensor, values: Tensor, positions: Tensor, done: int, next_position: int) -> int:
+        """The rounding itself, in place on one layer's slots (keys, values [B, H_kv, S, d], positions [B, H_kv, S]):
+        every key group from ``done`` on whose tokens are all older than the residual of a token at
+        ``next_position``. Returns where the next group starts."""
         while done + self.group <= next_position - self.residual:
-            self._quantize_group(layer, done)
+            self._quantize_group(keys, values, positions, done)
             done += self.group
         return done
 
-    def _quantize_group(self, layer: LayerCache, start: int) -> None:
-        keys, values, pos = layer.live()  # [B, H_kv, S, d], [B, H_kv, S]
-        member = (pos >= start) & (pos < start + self.group)  # [B, H_kv, S]
+    def _quantize_group(self, keys: Tensor, values: Tensor, positions: Tensor, start: int) -> None:
+        member = (positions >= start) & (positions < start + self.group)  # [B, H_kv, S]
         if not bool(member.any()):
             return
         inside = member[..., None]
         k_q = self._per_channel(keys, inside) if self.keys == "channel" else self._per_token(keys)
         keys.copy_(torch.where(inside, k_q, keys))
         values.copy_(torch.where(inside, self._per_token(values), values))
-        group_id = layer.stat(GROUP_STAT)
-        group_id.copy_(torch.where(member, float((start - self.exact_sinks) // self.group + 1), group_id))
 
     def _per_channel(self, x: Tensor, inside: Tensor) -> Tensor:
         """x [B, H_kv, S, d] rounded with one scale per channel over the slots ``inside`` ([B, H_kv, S, 1])."""
-        k = x.float()
+        k = x.to(_wide(x.dtype))
         low = k.masked_fill(~inside, torch.inf).amin(dim=2, keepdim=True)  # [B, H_kv, 1, d]
         high = k.masked_fill(~inside, -torch.inf).amax(dim=2, keepdim=True)
         span = (high - low).nan_to_num(0.0)
@@ -195,3 +211,30 @@ class KIVI:
         per-channel key group's d scales are shared by G tokens, a token's d / G key groups are its own)."""
         per_head = 2 * head_dim * self.bits / 8 + 4 * self.scale_bytes * head_dim / self.group
         return n_layers * kv_heads * per_head
+
+
+@dataclass(frozen=True)
+class RoundingFunction(KIVI):
+    """KIVI's store with its rounding done by a function (notebook 08's build):
+    ``fn(keys, values, positions, done, next_position, bits, group, residual) -> done`` rounds, in place, the key
+    groups that left the residual and returns where the next group starts (``KIVI.round_groups``' contract)."""
+
+    fn: Callable[..., int] | None = None
+
+    def round_groups(self, keys: Tensor, values: Tensor, positions: Tensor, done: int, next_position: int) -> int:
+        settled = self.fn(keys, values, positions, done, next_position, self.bits, self.group, self.residual)
+        if isinstance(settled, bool) or not isinstance(settled, int) or not done <= settled <= max(done, next_position):
+            raise ValueError(f"the rounding function must return where the next key group starts, an integer from "
+                             f"done={done} to at most next_position={next_position}; got {settled!r}")
+        return settled
+
+
+def error_by_token(keys: Tensor, bits: int, group: int) -> Tensor:
+    """How much KIVI's per-channel rounding changes each key: ||k' - k|| / ||k|| per token, for keys [H, T, d]
+    quantized per channel over consecutive groups of ``group`` tokens (a last partial group too): [H, T]."""
+    h, t, d = keys.shape
+    out = torch.empty(h, t)
+    for start in range(0, t, group):
+        part = keys[:, start : start + group].float()
+        out[:, start : start + group] = (fake_quantize(part, bits, dim=1) - part).norm(dim=-1) / part.norm(dim=-1)
+    return out

@@ -148,13 +148,16 @@ def decode_stream(model: CausalLM, ids: Tensor, policy: Policy | None = None, pr
 
 @torch.inference_mode()
 def exact_stream(
-    model: CausalLM, ids: Tensor, policy: Policy | None = None, chunk: int = 256, progress: bool = True
+    model: CausalLM, ids: Tensor, policy: Policy | None = None, chunk: int = 256, progress: bool = True,
+    inspect: Callable[[KVCache], dict] | None = None,
 ) -> StreamResult:
     """The exact fast evaluator: the NLL ``decode_stream`` would give, computed chunk by chunk.
 
     Only for policies decided by positions alone (``policy.is_static``: full, window, sinks + window). With a
     quantized store (``policy.quantizer``) chunks are also cut where a key group leaves the residual
     (``KIVI.chunk_starts``), and the bytes of each token are those the store holds at the end of its chunk.
+    ``inspect(cache)``, if given, is called on the final cache (which holds what the decode loop's would); its dict
+    goes to ``result.extra``.
     """
     ids = _check_ids(ids, model, "exact_stream")
     policy = policy or FullCache()
@@ -180,7 +183,8 @@ def exact_stream(
             bar.update(c1 - c0)
     synchronize(ids.device)
     nll = torch.cat(pieces, dim=1).cpu()
-    return StreamResult(repr(policy), nll, sizes, time.perf_counter() - start, _fill_index(policy, n))
+    extra = inspect(cache) if inspect is not None else {}
+    return StreamResult(repr(policy), nll, sizes, time.perf_counter() - start, _fill_index(policy, n), extra)
 
 
 def _bytes_after(cache, t: int, budget: int | None) -> int:

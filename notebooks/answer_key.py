@@ -204,4 +204,27 @@ KEY: list[Key] = [
         {24: "the pinned sinks count against the budget too",
          28: "the recent slots count against the budget too",
          32: "the sinks and the recent slots come out of the budget"}),
+    # ------------------------------------------------------------------ 08 · quantize, evict, or both
+    Key("08.q_bytes_per_token", 4320,
+        "per layer and KV head: the codes of 2 x 64 numbers, plus the scales and zero points of the key groups "
+        "(per channel, shared by 32 tokens) and of the value groups (per token)",
+        {2880: "the scales and zero points are stored too: 16 bits each, per group",
+         23040: "that is the 16-bit cache: count 2 bits per number",
+         3600: "the keys' scales count too: 64 channels x 2 numbers x 2 bytes, shared by the 32 tokens of a group",
+         5760: "a scale and a zero point are 16 bits (2 bytes) each"}),
+    Key("08.q_full_tokens", 40,
+        "a key group is rounded once all its 32 tokens are older than the newest 32: which groups is that, before "
+        "token 1,000 (counting from 0) arrives?",
+        {32: "the tokens of a group not yet full stay in full precision too, besides the residual",
+         8: "the residual's 32 newest tokens stay in full precision as well as the group not yet full",
+         0: "the newest tokens are never rounded: that is the residual"}),
+    Key("08.q_sinks_exact", "a",
+        "what does a group's per-channel scale do to a key unlike the others, and who reads the sink's key?",
+        {"b": "the first tokens are the ones StreamingLLM never evicts",
+         "c": "an exact token takes 16 bits per number, more than a rounded one",
+         "d": "the sink's value is small: a drain, not the answer (notebook 02)"},
+        choices=("it differs from its group, and every query leans on it",
+                 "the first tokens are the ones evicted first",
+                 "a token kept exact takes fewer bytes",
+                 "the sink's value vector carries the answer")),
 ]

@@ -196,6 +196,36 @@ def _variant(impl, **switches):
     return lambda *args: impl(*args, **switches)
 
 
+def kivi_settle(keys: Tensor, values: Tensor, positions: Tensor, done: int, next_position: int, bits: int, group: int,
+                residual: int, key_axis: str = "channel", early: int = 0, use_residual: bool = True) -> int:
+    """Notebook 08's build and its typical mistakes: keys rounded per token (``key_axis="token"``); a group rounded
+    ``early`` tokens before it leaves the residual (negative: after); the residual ignored."""
+    levels = 2**bits - 1
+
+    def round_trip(x: Tensor, low: Tensor, high: Tensor) -> Tensor:
+        step = ((high - low) / levels).nan_to_num(0.0)
+        step = torch.where(step > 0, step, torch.ones_like(step))
+        return ((x - low) / step).round().clamp(0, levels) * step + low
+
+    def per_token(x: Tensor) -> Tensor:
+        b, h, s, d = x.shape
+        g = x.reshape(b, h, s, d // group, group)
+        return round_trip(g, g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)).reshape(b, h, s, d)
+
+    while done + group <= next_position - (residual if use_residual else 0) + early:
+        inside = ((positions >= done) & (positions < done + group))[..., None]
+        if key_axis == "channel":
+            low = keys.masked_fill(~inside, math.inf).amin(dim=2, keepdim=True)
+            high = keys.masked_fill(~inside, -math.inf).amax(dim=2, keepdim=True)
+            rounded = round_trip(keys, low, high)
+        else:
+            rounded = per_token(keys)
+        keys.copy_(torch.where(inside, rounded, keys))
+        values.copy_(torch.where(inside, per_token(values), values))
+        done += group
+    return done
+
+
 # exercise id -> (the build with its switches, [(switches, a fragment of the feedback it must get)])
 MISTAKES = {
     "01.greedy_own_attention": (greedy_decode, [
@@ -234,6 +264,12 @@ MISTAKES = {
         (dict(mask="after"), "mask the future before the softmax"),
         (dict(scale=False), "1/sqrt(d)"),
         (dict(heads="reshape"), "view(B, T, H, d).transpose(1, 2)"),
+    ]),
+    "08.kivi_settle": (kivi_settle, [
+        (dict(key_axis="token"), "keys are rounded per channel"),
+        (dict(early=1), "one token too early"),
+        (dict(early=-1), "one token too long"),
+        (dict(use_residual=False), "the newest `residual` tokens stay in full precision"),
     ]),
 }
 CASES = [(e, i) for e in MISTAKES for i in range(len(MISTAKES[e][1]))]

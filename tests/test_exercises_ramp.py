@@ -26,6 +26,7 @@ from course.policies import H2O, PROTECTED, SlidingWindow
 from tests.solutions import answer_key, solution
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NUMBERS = sorted(p.name[:2] for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
 def softmax_with_sink(scores, sink_logit):
@@ -33,6 +34,31 @@ def softmax_with_sink(scores, sink_logit):
 
 
 # ----------------------------------------------------------------------------- wrong implementations
+def _fake_quantize(x, bits, dim):  # written out here, as a student would
+    low, high = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
+    step = (high - low) / (2**bits - 1)
+    return ((x - low) / step).round().clamp(0, 2**bits - 1) * step + low
+
+
+def _symmetric_round_trip(x, bits, dim):
+    top = x.abs().amax(dim, keepdim=True)
+    step = 2 * top / (2**bits - 1)
+    return ((x + top) / step).round().clamp(0, 2**bits - 1) * step - top
+
+
+def _round_trip_2_to_the_b(x, bits, dim):
+    low = x.amin(dim, keepdim=True)
+    step = (x.amax(dim, keepdim=True) - low) / 2**bits
+    return ((x - low) / step).round().clamp(0, 2**bits) * step + low
+
+
+def _round_trip_floor(x, bits, dim):
+    low = x.amin(dim, keepdim=True)
+    step = (x.amax(dim, keepdim=True) - low) / (2**bits - 1)
+    return ((x - low) / step).floor() * step + low
+
+
+
 def _numbers(config) -> int:  # written out here: the wrong versions must not use the course's own formula
     if "kv_lora_rank" in config:
         return config["n_layers"] * (config["kv_lora_rank"] + config["rope_dim"])
@@ -137,6 +163,18 @@ WRONG_RAMP: dict[str, list[tuple[Callable, str]]] = {
         (lambda q, k, v, sink_logit: v, "the output differs from the course's attention"),
         (lambda q, k, v, sink_logit: v[0], "shape [H, T, d]"),
     ],
+    "08.round_trip": [
+        (lambda x, bits, dim: x, "expected x' = round"),
+        (lambda x, bits, dim: x[0], "in x's shape"),
+        (_symmetric_round_trip, "asymmetric quantization"),
+        (_round_trip_2_to_the_b, "2^b codes"),
+        (_round_trip_floor, "round to the nearest code"),
+    ],
+    "08.round_values": [
+        (lambda v, bits, group: _fake_quantize(v, bits, -1), "one scale per group of"),
+        (lambda v, bits, group: _fake_quantize(v, bits, 2), "per token"),
+        (lambda v, bits, group: v, "expected each token's channels"),
+    ],
     "07.my_policy": [
         (_recency_by_slot, "slot index"),
         (_pin_sinks_and_recent, "budget"),
@@ -222,7 +260,7 @@ def test_every_notebook_has_at_least_three_questions_each_with_its_check_cell():
     by_notebook: dict[str, list[str]] = {}
     for q in QUESTIONS:
         by_notebook.setdefault(q.id[:2], []).append(q.id)
-    assert sorted(by_notebook) == ["01", "02", "03", "04", "05", "06", "07"]
+    assert sorted(by_notebook) == NUMBERS
     for number, ids in by_notebook.items():
         assert 3 <= len(ids) <= 5, (number, ids)
         [path] = NOTEBOOKS.glob(f"{number}_*.ipynb")
@@ -233,7 +271,7 @@ def test_every_notebook_has_at_least_three_questions_each_with_its_check_cell():
 
 def test_every_notebook_has_at_least_three_graded_exercises():
     question_ids = {q.id for q in QUESTIONS}
-    for number in ("01", "02", "03", "04", "05", "06", "07"):
+    for number in NUMBERS:
         exercises = [e for e in REGISTRY if e.startswith(f"{number}.") and e not in question_ids]
         assert len(exercises) >= 3, (number, exercises)
 

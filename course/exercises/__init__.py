@@ -16,6 +16,6 @@ checker in its own process (``course.exercises.serve`` is this side of it); see 
 """
 
 from course.exercises.core import REGISTRY, Exercise, ExerciseFailed, NotDoneYet, Wrong, check, exercise
-from course.exercises import nb01, nb02, nb03, nb04, nb05, nb06, nb07, questions  # noqa: E402,F401 (registers them)
+from course.exercises import nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, questions  # noqa: E402,F401 (registers them)
 
 __all__ = ["check", "exercise", "Exercise", "ExerciseFailed", "NotDoneYet", "Wrong", "REGISTRY"]

@@ -210,6 +210,9 @@ QUESTIONS: list[Question] = [
     Question("07.q_memory_ratio", "Question 2 (memory saved)", "number"),
     Question("07.q_recall", "Question 3 (which policy can recall)", "choice"),
     Question("07.q_heavy_slots", "Question 4 (a budget's share)", "number"),
+    Question("08.q_bytes_per_token", "Question 1 (bytes of a 2-bit token)", "number"),
+    Question("08.q_full_tokens", "Question 2 (what stays in full precision)", "number"),
+    Question("08.q_sinks_exact", "Question 3 (why keep the sink exact)", "choice"),
 ]
 BY_ID: dict[str, Question] = {q.id: q for q in QUESTIONS}
 
