@@ -18,7 +18,8 @@ import torch
 import course.exercises  # noqa: F401  (registers every exercise)
 from course import assets
 from course.exercises import REGISTRY
-from course.exercises.core import Exercise, ExerciseFailed, Partial, Wrong, _judge, check, outcome, result_of
+from course.exercises.checking import check
+from course.exercises.core import Exercise, ExerciseFailed, Partial, Wrong, _judge, outcome, result_of
 from course.exercises.questions import QUESTIONS
 from tests.known_wrong import CASES, MISTAKES, _variant
 from tests.solutions import answer_key, solution

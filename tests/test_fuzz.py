@@ -521,7 +521,8 @@ def test_notebook_parameters_are_typed(monkeypatch, capsys):
 @pytest.mark.parametrize("autofill", ["False", "True", 0, 1, None])
 def test_check_autofill_takes_only_booleans(autofill, monkeypatch):
     from course.exercises import check
-    from course.exercises.core import REGISTRY, get
+    from course.exercises.checking import get
+    from course.exercises.core import REGISTRY
 
     get("01.kv_cache_bytes")
     monkeypatch.delenv("COURSE_GRADE_OUT", raising=False)
