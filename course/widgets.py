@@ -5,7 +5,8 @@ show (``attention_view``, ``cache_view``), so the same numbers can be computed, 
 without a browser. In a notebook, show a static figure first (``plots.attention_heatmap``,
 ``CacheView.figure``): an executed notebook keeps figures, while a widget needs a live kernel.
 
-The cache explorer builds its policies with ``course.policies.make_policy``:
+The cache explorer offers the policies of the table (``course.policies.POLICIES``) shown in ``explorer`` and
+builds them with ``course.policies.make_policy``; the built-in ones:
 
 =========  ====================================  =======================================
 policy     budget (slots per KV head)            sinks
@@ -42,7 +43,7 @@ from course.attention import sink_mass, uniform_mass
 from course.evaluate import compress_prompt
 from course.kvcache import KVCache
 from course.models.base import CausalLM
-from course.policies import POLICY_NAMES, Policy, make_policy
+from course.policies import POLICIES, Policy, make_policy, policy_names
 from course.streaming import evaluate_stream, next_token_nll
 
 __all__ = [
@@ -55,7 +56,6 @@ SINK_SKIP = 4  # queries before this position are left out of the sink mass (see
 MAX_SINKS = 8
 MIN_BUDGET = 16  # the smallest budget the cache explorer offers (above MAX_SINKS, so every policy is valid)
 DEFAULT_BUDGET = 64
-EXPLORER_POLICIES = ("window", "streaming", "h2o", "snapkv")
 
 
 class ExplorerBox(widgets.VBox):
@@ -167,7 +167,8 @@ def sinks_range(policy_name: str) -> tuple[int, int] | None:
     """The sinks the cache explorer allows for a policy (inclusive), or None when it takes none."""
     if policy_name == "window":
         return None
-    return (1 if policy_name == "streaming" else 0), MAX_SINKS
+    kind = POLICIES.get(policy_name)  # an unknown name: make_policy names the known ones
+    return (1 if kind is not None and kind.sinks else 0), MAX_SINKS
 
 
 def explorer_policy(policy_name: str, budget: int, sinks: int, model=None) -> Policy:
@@ -368,19 +369,21 @@ class _CacheExplorer:
         return ExplorerBox([controls, self.status, self.text], "cache explorer")
 
 
-def cache_explorer(model: CausalLM, tokenizer, ids: Tensor, policies: Sequence[str] = EXPLORER_POLICIES,
+def cache_explorer(model: CausalLM, tokenizer, ids: Tensor, policies: Sequence[str] | None = None,
                    max_tokens: int = 192) -> ExplorerBox:
     """A policy dropdown and budget / sinks / layer / KV-head sliders over ``cache_view``: the text
-    with the tokens the cache keeps and evicts coloured, and the perplexity.
+    with the tokens the cache keeps and evicts coloured, and the perplexity. ``policies``: names of the table of
+    policies (default: those it shows in ``explorer``).
 
     ids: one stream [T] or [1, T]; only its first ``max_tokens`` are used: H2O decodes the text
     token by token for every setting, which takes seconds on a CPU for a couple of hundred tokens.
     Every setting is computed once and then remembered."""
     if not MIN_BUDGET + 2 <= max_tokens <= 1024:
         raise ValueError(f"max_tokens must be between {MIN_BUDGET + 2} and 1024, got {max_tokens}")
-    unknown = [name for name in policies if name not in POLICY_NAMES]
+    policies = policy_names("explorer") if policies is None else policies
+    unknown = [name for name in policies if name not in POLICIES]
     if not policies or unknown:
-        raise ValueError(f"policies must be a non-empty list of {', '.join(POLICY_NAMES)}; got {list(policies)}")
+        raise ValueError(f"policies must be a non-empty list of {', '.join(POLICIES)}; got {list(policies)}")
     ids = _one_stream(ids)[:, :max_tokens]
     if ids.shape[1] < MIN_BUDGET + 2:
         raise ValueError(f"ids must hold at least {MIN_BUDGET + 2} tokens for the cache explorer, got {ids.shape[1]}")

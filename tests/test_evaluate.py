@@ -56,9 +56,9 @@ def test_continuation_nll_with_full_cache_equals_plain_forward():
 
 
 def _contenders(model) -> dict:
-    from course.policies import POLICY_NAMES, make_policy
+    from course.policies import make_policy, policy_names
 
-    out = {name: make_policy(name, 12, model=model) if name != "full" else make_policy("full") for name in POLICY_NAMES}
+    out = {name: make_policy(name, 12, model=model) if name != "full" else make_policy("full") for name in policy_names()}
     out["h2o-mean, 2 pinned"] = make_policy("h2o-mean", 12, sinks=2, model=model)
     out["snapkv avg"] = make_policy("snapkv", 12, obs_window=4, pooling="avg", model=model)
     return out

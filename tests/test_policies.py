@@ -18,7 +18,7 @@ from course.policies import (
     SnapKV,
     StreamingLLM,
     group_mean,
-    POLICY_NAMES,
+    policy_names,
     make_policy,
 )
 
@@ -98,7 +98,7 @@ def test_gpt2_refuses_position_reassignment():
         make_policy("h2o", 16, positions="cache", model=model)
 
 
-@pytest.mark.parametrize("name", POLICY_NAMES)
+@pytest.mark.parametrize("name", policy_names())
 @pytest.mark.parametrize("sinks", [None, 0, 2])
 @pytest.mark.parametrize("positions", [None, "original", "cache"])
 def test_make_policy_with_a_model_never_yields_a_policy_its_cache_refuses(family, name, sinks, positions):

@@ -77,8 +77,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", type=device_name, help="cpu, cuda, cuda:N, mps or auto")
 
 
-def _policy_args(p: argparse.ArgumentParser, policies: list[str], default: str, budget: int | list[int]) -> None:
-    """The one vocabulary for a cache policy: --policy, --budget (slots per KV head, sinks included), --sinks."""
+def _policy_args(p: argparse.ArgumentParser, policies: tuple[str, ...], default: str, budget: int | list[int]) -> None:
+    """The one vocabulary for a cache policy: --policy (one of ``policies``, names of the table of policies),
+    --budget (slots per KV head, sinks included), --sinks."""
     p.add_argument("--policy", default=default, choices=policies)
     many = isinstance(budget, list)
     p.add_argument("--budget", type=positive_int, default=budget, nargs="+" if many else None,
@@ -93,9 +94,9 @@ def _policy_args(p: argparse.ArgumentParser, policies: list[str], default: str, 
 def _policy_for(args: argparse.Namespace, budget: int, model=None):
     """The policy the arguments ask for (``make_policy``); call it without a model to refuse bad values
     before the model loads, then with the model for its position rule."""
-    from course.policies import make_policy
+    from course.policies import POLICIES, make_policy
 
-    return make_policy(args.policy, None if args.policy == "full" else budget, sinks=args.sinks,
+    return make_policy(args.policy, budget if POLICIES[args.policy].bounded else None, sinks=args.sinks,
                        positions=args.positions, model=model)
 
 

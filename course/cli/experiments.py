@@ -11,12 +11,14 @@ from course.cli.args import (Command, _model_args, _policy_args, _policy_for, po
 
 # ----------------------------------------------------------------------------- stream
 def _stream_args(p: argparse.ArgumentParser) -> None:
+    from course.policies import policy_names
+
     _model_args(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--corpus", default="austen", help="austen (default), pg19 or wikitext")
     src.add_argument("--text-file", help="a local UTF-8 text file (only its first --tokens tokens are read)")
     p.add_argument("--book", default=None, help="with --corpus austen: one novel, e.g. pride_and_prejudice")
-    _policy_args(p, ["full", "window", "streaming", "h2o", "h2o-mean", "random"], "streaming", 1024)  # SnapKV: see `needle`
+    _policy_args(p, policy_names(streams=True), "streaming", 1024)  # SnapKV only compresses a prompt: see `needle`
     p.add_argument("--tokens", type=positive_int, default=2048)
     p.add_argument("--passages", type=positive_int, default=None,
                    help="measure over N >= 2 passages of --tokens tokens from all six novels (openings, then "
@@ -56,9 +58,10 @@ def _stream_ids(args: argparse.Namespace, tok, device):
 
 def _stream(args: argparse.Namespace) -> dict:
     from course.models import load_model
+    from course.policies import POLICIES
     from course.streaming import evaluate_stream
 
-    budget = None if args.policy == "full" else args.budget
+    budget = args.budget if POLICIES[args.policy].bounded else None
     _policy_for(args, args.budget)  # bad values: refused before the model loads
     _check_text_source(args)
     model, tok = load_model(args.model, args.device, verbose=not args.json)
@@ -108,8 +111,10 @@ def _stream_passages(args: argparse.Namespace, model, tok, policy) -> dict:
 
 # ----------------------------------------------------------------------------- needle
 def _needle_args(p: argparse.ArgumentParser) -> None:
+    from course.policies import policy_names
+
     _model_args(p)
-    _policy_args(p, ["full", "window", "streaming", "h2o", "h2o-mean", "snapkv", "random"], "snapkv", [128])
+    _policy_args(p, policy_names(), "snapkv", [128])
     p.add_argument("--depth", type=unit_float, default=0.3, help="where the needle sits, 0 (start) .. 1 (end)")
     p.add_argument("--context", type=positive_int, default=500, help="filler tokens around the needle")
     p.add_argument("--trials", type=positive_int, default=8)
@@ -139,9 +144,6 @@ def _needle(args: argparse.Namespace) -> dict | list:
 
 
 # ----------------------------------------------------------------------------- generate and chat
-GENERATION_POLICIES = ["full", "window", "streaming", "h2o", "h2o-mean", "snapkv", "random"]
-
-
 def _sampling_args(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens)
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
@@ -156,11 +158,13 @@ def _sampler_check(args: argparse.Namespace) -> None:
 
 
 def _generate_args(p: argparse.ArgumentParser) -> None:
+    from course.policies import policy_names
+
     _model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", help="a UTF-8 text file holding the prompt")
-    _policy_args(p, GENERATION_POLICIES, "streaming", 256)
+    _policy_args(p, policy_names(), "streaming", 256)
     _sampling_args(p, 128)
     p.add_argument("--ignore-eos", action="store_true", help="generate all --max-new-tokens (for measurements)")
     p.add_argument("--json", action="store_true")
@@ -199,8 +203,10 @@ def _generate(args: argparse.Namespace) -> dict:
 
 
 def _chat_args(p: argparse.ArgumentParser) -> None:
+    from course.policies import policy_names
+
     _model_args(p)
-    _policy_args(p, GENERATION_POLICIES, "streaming", 256)
+    _policy_args(p, policy_names(), "streaming", 256)
     _sampling_args(p, 96)
     p.add_argument("--system", default=None, help="a system message (default: the chat template's own)")
     p.add_argument("--script", help="a text file of user turns, one per line, fed without asking")
