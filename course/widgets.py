@@ -39,8 +39,8 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from course import plots
-from course.attention import sink_mass, uniform_mass
-from course.evaluate import compress_prompt
+from course.attention_analysis import sink_mass, uniform_mass
+from course.compression import compress_prompt
 from course.kvcache import KVCache
 from course.models.base import CausalLM
 from course.policies import POLICIES, Policy, make_policy, policy_names
@@ -52,7 +52,7 @@ __all__ = [
     "cache_explorer", "ExplorerBox",
 ]
 
-SINK_SKIP = 4  # queries before this position are left out of the sink mass (see course.attention.sink_mass)
+SINK_SKIP = 4  # queries before this position are left out of the sink mass (see course.attention_analysis.sink_mass)
 MAX_SINKS = 8
 MIN_BUDGET = 16  # the smallest budget the cache explorer offers (above MAX_SINKS, so every policy is valid)
 DEFAULT_BUDGET = 64
@@ -109,7 +109,7 @@ def token_strings(tokenizer, ids: Tensor) -> list[str]:
 # ----------------------------------------------------------------------------- attention explorer
 def _check_maps(maps: Sequence[Tensor], tokens: Sequence[str]) -> None:
     if not maps:
-        raise ValueError("maps is empty: give the per-layer attention maps of course.attention.attention_maps")
+        raise ValueError("maps is empty: give the per-layer attention maps of course.attention_analysis.attention_maps")
     shape = tuple(maps[0].shape)
     if len(shape) != 4 or shape[0] != 1 or shape[2] != shape[3]:
         raise ValueError(f"maps must be per-layer [1, heads, T, T] tensors, got a layer of shape {shape}")
@@ -120,7 +120,7 @@ def _check_maps(maps: Sequence[Tensor], tokens: Sequence[str]) -> None:
 def head_sink_mass(maps: Sequence[Tensor], layer: int, head: int) -> float:
     """Mean attention mass one head puts on token 0, over queries from position 4 on.
 
-    maps: per-layer [1, H, T, T] attention weights (``course.attention.attention_maps``)."""
+    maps: per-layer [1, H, T, T] attention weights (``course.attention_analysis.attention_maps``)."""
     _check_index("layer", layer, len(maps))
     _check_index("head", head, maps[layer].shape[1])
     return float(sink_mass([maps[layer]], k=1, skip=SINK_SKIP)[0, head])
@@ -145,7 +145,7 @@ def attention_view(maps: Sequence[Tensor], tokens: Sequence[str], layer: int, he
 def attention_explorer(maps: Sequence[Tensor], tokens: Sequence[str], max_tokens: int = 64) -> ExplorerBox:
     """Layer and head sliders over ``attention_view``: the heat map and the sink mass of each head.
 
-    maps: per-layer [1, H, T, T] attention weights (``course.attention.attention_maps``); tokens: T strings."""
+    maps: per-layer [1, H, T, T] attention weights (``course.attention_analysis.attention_maps``); tokens: T strings."""
     _check_maps(maps, tokens)
     layer = widgets.IntSlider(0, min=0, max=len(maps) - 1, description="layer", continuous_update=False)
     head = widgets.IntSlider(0, min=0, max=maps[0].shape[1] - 1, description="head", continuous_update=False)

@@ -36,7 +36,7 @@ CELLS = [
     ("code", """\
 import matplotlib.pyplot as plt
 
-from course.attention import attention_maps
+from course.attention_analysis import attention_maps
 from course.data import load_text, tokenize
 from course.models import load_model
 from course.widgets import attention_explorer, cache_explorer, cache_view, token_strings

@@ -161,7 +161,7 @@ def _window_policy_swapped_in(model, ids, window, n_sink=0):
 
 
 def _snapkv_by_the_course(model, prompt, capacity, window, kernel, pooling="max"):
-    from course.evaluate import compress_prompt
+    from course.compression import compress_prompt
     from course.policies import SnapKV
 
     return compress_prompt(model, prompt, SnapKV(capacity, window, kernel, pooling))[0]

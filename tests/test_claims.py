@@ -38,7 +38,7 @@ def test_a_report_prints_the_verdict_with_the_numbers_and_never_raises(capsys):
 def test_first_token_ablation_zeroes_the_value_and_hides_the_key(family):
     import torch
 
-    from course.attention import first_token_ablation, residual_norms, value_norms
+    from course.attention_analysis import first_token_ablation, residual_norms, value_norms
 
     from .conftest import tiny_model
 
@@ -52,7 +52,7 @@ def test_first_token_ablation_zeroes_the_value_and_hides_the_key(family):
     nll = torch.nn.functional.cross_entropy(logits[0, 8:].double(), ids[0, 9:])
     assert abs(out["normal"] - float(nll.exp())) < 1e-4 * out["normal"]
     assert residual_norms(model, ids).shape == (2, 40) and value_norms(model, ids).shape == (2, 40)
-    from course.attention import _first_value_zeroed
+    from course.attention_analysis import _first_value_zeroed
 
     with _first_value_zeroed(model):
         zeroed = value_norms(model, ids)

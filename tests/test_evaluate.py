@@ -66,7 +66,7 @@ def _contenders(model) -> dict:
 
 def test_one_prompt_forward_serves_every_contender_exactly(family):
     """compress_prompts: the group's shared forward leaves every cache exactly as compressing alone does."""
-    from course.evaluate import compress_prompt, compress_prompts
+    from course.compression import compress_prompt, compress_prompts
 
     from .conftest import tiny_model
 

@@ -32,7 +32,7 @@ with progress_bar(total=10, desc="by hand") as bar:
     """from course.models import load_hf_model
 hf, tok = load_hf_model({folder!r})""",
     """import torch
-from course.attention import attention_maps
+from course.attention_analysis import attention_maps
 from course.widgets import attention_explorer, cache_explorer
 from tests.conftest import tiny_model
 from tests.test_widgets import WordTokenizer

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course.attention import attention_maps
+from course.attention_analysis import attention_maps
 from course.evaluate import (
     NeedleTrial,
     budget_sweep,

@@ -210,7 +210,7 @@ def test_unsupported_checkpoints_are_refused_by_name(config, message):
 
 
 def test_gpt2_random_has_gpt2_shapes_and_no_sink():
-    from course.attention import attention_maps, sink_mass, uniform_mass
+    from course.attention_analysis import attention_maps, sink_mass, uniform_mass
 
     model, tok = load_model("gpt2-random", "cpu")
     c = model.config
@@ -302,7 +302,7 @@ def test_sink_logit_fast_path_equals_reference_path(family):
 
 
 def test_key_mass_sums_the_attention_on_the_marked_keys():
-    from course.attention import key_mass, sink_mass
+    from course.attention_analysis import key_mass, sink_mass
 
     w = torch.softmax(torch.randn(2, 3, 8, 8).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -math.inf), -1)
     first = torch.zeros(8, dtype=torch.bool)
@@ -317,7 +317,7 @@ def test_key_mass_sums_the_attention_on_the_marked_keys():
 
 
 def test_punctuation_keys_marks_newlines_and_punctuation_only():
-    from course.attention import punctuation_keys
+    from course.attention_analysis import punctuation_keys
 
     class Tok:
         table = {0: "\n", 1: " the", 2: ",", 3: " \u201c", 4: "Sink", 5: ".\n\n"}

@@ -26,7 +26,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from course.evaluate import compress_prompt
+from course.compression import compress_prompt
 from course.generate import generate
 from course.models import from_transformers
 from course.policies import StreamingLLM, make_policy

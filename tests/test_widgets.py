@@ -9,7 +9,7 @@ import torch
 from matplotlib.figure import Figure
 
 from course import plots
-from course.attention import attention_maps
+from course.attention_analysis import attention_maps
 from course.policies import H2O, SlidingWindow, SnapKV, StreamingLLM
 from course.streaming import decode_stream, evaluate_stream
 from course.widgets import (
