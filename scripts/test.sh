@@ -3,7 +3,7 @@
 # the whole test suite: every solution notebook executed once, top to bottom, in FAST mode on SmolLM2-135M into
 # outputs/ (papermill: an error or a failed assertion stops the run; the notebooks' scientific claims are asserted
 # there); then the unit tests, the browser test of the course site built from outputs/, and a class graded for real
-# (tests/test_class_grading.py): every student copy released for graded use, filled in as an honest student would
+# (tests/instructor/test_class_grading.py): every student copy released for graded use, filled in as an honest student would
 # and graded with `course grade --key --jobs 2`, which also executes every student copy end to end on gpt2-random
 # (GPT-2's architecture and shapes, random weights: the GPT-2 code paths offline, its claims recorded, not asserted).
 set -euo pipefail
