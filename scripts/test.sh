@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
+ruff check .  # pyflakes and pycodestyle, as pyproject.toml's [tool.ruff] sets them
 bash scripts/check-instructor-install.sh  # an instructor's install from scratch: grade, release, site (about a minute)
 export COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg COURSE_PROGRESS=text
 # the notebooks draw their figures inline (the site shows them): no MPLBACKEND for their kernels

@@ -148,7 +148,8 @@ def _bench_transformers_cache(args: argparse.Namespace) -> dict:
     name = "smollm2-135m" if args.model == "auto" else args.model
     sizes = dict(context=256, steps=4, reps=3) if args.quick else {}
     result = bench_transformers_cache(name, str(resolve_device(args.device)), **sizes)
-    command = shlex.join(["python", "-m", "course", "bench", "--transformers-cache"] + (["--quick"] if args.quick else [])
+    command = shlex.join(["python", "-m", "course", "bench", "--transformers-cache"]
+                         + (["--quick"] if args.quick else [])
                          + ([] if args.model in ("auto", "smollm2-135m") else ["--model", args.model]))
     report = write_transformers_cache_report(result, Path(args.report or "docs/benchmarks.md"), command)
     if not args.json:

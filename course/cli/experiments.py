@@ -135,7 +135,8 @@ def _needle(args: argparse.Namespace) -> dict | list:
     rows = budget_sweep(model, trials, args.policy, args.budget, args.sinks, progress=not args.json,
                         positions=args.positions)
     for r in rows:
-        r.update(model=model.config.name, depth=args.depth, trials=args.trials, prompt_tokens=int(trials[0].prompt.shape[1]))
+        r.update(model=model.config.name, depth=args.depth, trials=args.trials,
+                 prompt_tokens=int(trials[0].prompt.shape[1]))
         if not args.json:
             print(f"{r['model']} {args.policy} budget {r['budget']} (prompt ~{r['prompt_tokens']} tokens, needle at "
                   f"depth {args.depth}): accuracy {r['accuracy']:.2f}, mean answer log-prob "
@@ -243,7 +244,8 @@ def _chat(args: argparse.Namespace) -> dict | None:
         for step in chat.say(text):
             say(step.text, end="", flush=True)
         t = chat.turns[-1]
-        say(f"\n[cache: {t.cache_slots} slots, {t.cache_bytes / 2**20:.2f} MiB; {t.new_tokens} tokens in {t.seconds:.1f} s]")
+        say(f"\n[cache: {t.cache_slots} slots, {t.cache_bytes / 2**20:.2f} MiB; {t.new_tokens} tokens in "
+            f"{t.seconds:.1f} s]")
     out = {"model": model.config.name, "policy": policy.label,
            "turns": [vars(t) for t in chat.turns], "answers": [t.assistant for t in chat.turns],
            "tokens": chat.seen, "max_cache_bytes": max((t.cache_bytes for t in chat.turns), default=0),

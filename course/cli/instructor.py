@@ -43,7 +43,8 @@ def _host(args: argparse.Namespace) -> dict:
         for path in changed:
             print(f"wrote {path}")
         print("now run `python -m course release` to update the student copies")
-    return {"repo": host.read_host(root).repo, "branch": host.read_host(root).branch, "written": [str(p) for p in changed]}
+    return {"repo": host.read_host(root).repo, "branch": host.read_host(root).branch,
+            "written": [str(p) for p in changed]}
 
 
 # ----------------------------------------------------------------------------- release

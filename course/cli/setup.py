@@ -63,7 +63,8 @@ def _info(args: argparse.Namespace) -> dict:
     if not args.json:
         print(f"attention-sinks-course {info['course']}  python {info['python']}  torch {info['torch']}  "
               f"transformers {info['transformers']}")
-        print(f"device: {info['device']}" + (f" ({info['gpu']})" if info["gpu"] else f" ({info['cpu_threads']} threads)"))
+        print(f"device: {info['device']}"
+              + (f" ({info['gpu']})" if info["gpu"] else f" ({info['cpu_threads']} threads)"))
         print(f"cache:  {info['cache_dir']}")
         yes = {True: "available", False: "missing"}
 

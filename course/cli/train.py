@@ -26,8 +26,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retrain", action="store_true", help="train even if this run is stored in the cache")
     p.add_argument("--jobs", type=positive_int, default=1,
                    help="runs trained at once, each in its own process with cores / jobs threads (CPU only); a tiny "
-                        "model uses two cores poorly: 2 jobs on 2 cores trained notebook 06's 15 models in 7 minutes instead of "
-                        "9-10")
+                        "model uses two cores poorly: 2 jobs on 2 cores trained notebook 06's 15 models in 7 "
+                        "minutes instead of 9-10")
     p.add_argument("--json", action="store_true")
 
 
@@ -84,7 +84,8 @@ def _print_run(out: dict) -> None:
     """The summary of one training run (``measure_run``'s numbers)."""
     print(f"{out['variant']} on {out['task']}{' (samples begin with BOS)' if out['bos'] else ''}, seed {out['seed']}: "
           f"{out['steps']} steps in {out['seconds']} s"
-          f"{' (loaded from the cache)' if out['loaded_from_cache'] else ''}; final training loss {out['final_loss']:.3f}")
+          f"{' (loaded from the cache)' if out['loaded_from_cache'] else ''}; "
+          f"final training loss {out['final_loss']:.3f}")
     if out["variant"] in ("sink-logit", "off-by-one"):
         print(f"attention on the sink logit: {out['sink_mass']:.3f}")
     print(f"attention on position 0: {out['attention_on_first']:.3f} (uniform {out['uniform_first']:.3f});  "

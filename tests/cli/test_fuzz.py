@@ -469,7 +469,7 @@ def test_damaged_stored_run_is_trained_again_or_refused(capsys, tmp_path, monkey
     damage(run / file)
     read_only(cache)
     before = snapshot(cache)
-    assert_one_error_line(*run_cli(capsys, *TRAIN)[::2], rf"stored run .* is damaged .* cannot be trained again")
+    assert_one_error_line(*run_cli(capsys, *TRAIN)[::2], r"stored run .* is damaged .* cannot be trained again")
     assert snapshot(cache) == before
 
 

@@ -19,7 +19,7 @@ from course.exercises import REGISTRY
 from course.exercises.core import Wrong, result_of
 from course.exercises.fixtures import tiny_model
 from course.exercises.questions import BY_ID, QUESTIONS, judge, normalise_choice
-from course.memory import CONFIGS, cache_numbers_per_token, kv_bytes_per_token
+from course.memory import CONFIGS, kv_bytes_per_token
 from course.function_policy import score_policy
 from course.policies import H2O, PROTECTED, SlidingWindow
 

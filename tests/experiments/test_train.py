@@ -178,7 +178,9 @@ def test_train_cli_jobs_train_the_same_runs_in_processes(tmp_path, monkeypatch, 
 
 def test_fast_preset_is_smaller_than_full():
     fast, full = variant_config("sink-token", "fast"), variant_config("sink-token", "full")
-    work = lambda c: c.steps * c.batch * c.seq_len * c.n_layer * c.d_model
+    def work(c):
+        return c.steps * c.batch * c.seq_len * c.n_layer * c.d_model
+
     assert work(fast) * 8 < work(full)  # about 40 s per model on two CPU cores instead of several minutes
 
 

@@ -412,11 +412,11 @@ def test_release_is_idempotent(released, tmp_path):
 
 
 def test_student_copies_have_no_solutions(released):
-    for solution in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")):
-        student_path = released / solution.name
+    for solution_path in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")):
+        student_path = released / solution_path.name
         nb = nbformat.read(student_path, as_version=4)
         nbformat.validate(nb)
-        sol = nbformat.read(solution, as_version=4)
+        sol = nbformat.read(solution_path, as_version=4)
         assert nb.cells[0].id == BANNER_ID and "python -m course release" in nb.cells[0].source
         assert [c.id for c in nb.cells[1:]] == [c.id for c in sol.cells]
         assert [c.metadata for c in nb.cells[1:]] == [c.metadata for c in sol.cells]
@@ -434,7 +434,7 @@ def test_student_copies_have_no_solutions(released):
                 exercises += 1
                 assert "raise NotImplementedError()" in student.source
                 leaked = [ln for ln in inside if ln.strip() and ln in student.source.splitlines() and ln not in outside]
-                assert not leaked, f"{solution.name} {cell.id}: solution lines left: {leaked}"
+                assert not leaked, f"{solution_path.name} {cell.id}: solution lines left: {leaked}"
         assert exercises >= 1
 
 

@@ -64,7 +64,7 @@ def run_json(capsys, *argv) -> dict:
 
 def test_generate_and_stream_offer_it(every_other, capsys):
     out = run_json(capsys, "generate", "--model", "smollm2-135m", "--policy", "every-other", "--budget", "12",
-                   "--prompt", "The first token of a stream draws attention from every later token, so a cache keeps it",
+                   "--prompt", "The first token of a stream draws attention from every later token, so a cache keeps",
                    "--max-new-tokens", "4", "--ignore-eos")
     assert out["policy"] == "every-other(12)" and out["new_tokens"] == 4 and out["max_cache_slots"] == 12
     out = run_json(capsys, "stream", "--model", "smollm2-135m", "--policy", "every-other", "--budget", "24",
