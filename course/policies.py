@@ -452,19 +452,24 @@ def _h2o(budget: int, rule: PositionRule, recent: int | None, normalize: bool) -
     return H2O(budget - r, r, rule, normalize=normalize)
 
 
-register(PolicyKind("full", lambda budget, sinks, rule, **o: FullCache(), bounded=False, shown_in=frozenset({"bench"})))
+register(PolicyKind("full", lambda budget, sinks, rule, **o: FullCache(), bounded=False,
+                    shown_in=frozenset({"bench"})))
 register(PolicyKind("window", lambda budget, sinks, rule, **o: pinned(SlidingWindow(budget, rule), sinks)))
 register(PolicyKind("streaming", lambda budget, sinks, rule, **o: StreamingLLM(sinks, budget - sinks, rule), sinks=4,
                     cache_positions=True))
-register(PolicyKind("h2o", lambda budget, sinks, rule, recent=None, **o: pinned(_h2o(budget, rule, recent, False), sinks),
-                    needs_weights=True))
-register(PolicyKind("h2o-mean", lambda budget, sinks, rule, recent=None, **o: pinned(_h2o(budget, rule, recent, True), sinks),
-                    needs_weights=True, shown_in=frozenset({"compare"})))
-register(PolicyKind("snapkv", lambda budget, sinks, rule, obs_window=8, kernel=7, pooling="max", **o:
-                    pinned(SnapKV(budget, min(obs_window, budget - 1), kernel, pooling, rule), sinks),
-                    needs_weights=True, prefill_only=True))
-register(PolicyKind("random", lambda budget, sinks, rule, seed=0, **o: pinned(RandomEviction(budget, seed, rule), sinks),
-                    shown_in=frozenset()))
+register(PolicyKind(
+    "h2o", lambda budget, sinks, rule, recent=None, **o: pinned(_h2o(budget, rule, recent, False), sinks),
+    needs_weights=True))
+register(PolicyKind(
+    "h2o-mean", lambda budget, sinks, rule, recent=None, **o: pinned(_h2o(budget, rule, recent, True), sinks),
+    needs_weights=True, shown_in=frozenset({"compare"})))
+register(PolicyKind(
+    "snapkv", lambda budget, sinks, rule, obs_window=8, kernel=7, pooling="max", **o:
+    pinned(SnapKV(budget, min(obs_window, budget - 1), kernel, pooling, rule), sinks),
+    needs_weights=True, prefill_only=True))
+register(PolicyKind(
+    "random", lambda budget, sinks, rule, seed=0, **o: pinned(RandomEviction(budget, seed, rule), sinks),
+    shown_in=frozenset()))
 
 
 def _no_reassignment(what: str, config) -> str:
