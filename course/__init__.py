@@ -16,6 +16,7 @@ What a student's kernel imports
   ``course.attention_analysis``  where attention goes: sink mass, sink heads, residual and value norms, ablation
   ``course.train``               tiny models pretrained with and without a sink token or sink logit
   ``course.passages``            results over many passages (spreads, intervals)
+  ``course.stats``               intervals: the bootstrap and the range every verdict is judged on
   ``course.claims``              the scientific claims a notebook asserts, and their verdicts
   ``course.papers``              the published numbers the course quotes
   ``course.memory``              bytes per token of a KV cache for current models' layouts

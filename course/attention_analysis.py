@@ -22,7 +22,7 @@ from course.models.base import CausalLM
 from course.policies import Policy
 
 __all__ = ["attention_maps", "sink_mass", "key_mass", "punctuation_keys", "sink_heads_share", "top_k_mass",
-           "uniform_mass", "sink_kept", "residual_norms", "value_norms", "first_token_ablation"]
+           "uniform_mass", "sink_kept", "residual_norms", "activation_peaks", "value_norms", "first_token_ablation"]
 
 
 @torch.inference_mode()
@@ -114,20 +114,34 @@ def sink_kept(cache, n_sink: int = 1) -> dict:
 
 
 # ----------------------------------------------------------------------------- why a sink
-@torch.inference_mode()
-def residual_norms(model: CausalLM, ids: Tensor) -> Tensor:
-    """L2 norm of the residual stream after every block, for every position: [layers, T] (batch row 0)."""
+def _per_block(model: CausalLM, ids: Tensor, caller: str, reduce) -> Tensor:
+    """Run ``model`` on ``ids`` ([T] or [B, T]) once and stack ``reduce(h)`` over its blocks, ``h`` being a block's
+    output for batch row 0 in float ([T, D]): [layers, *reduce's shape]."""
     ids = ids if ids.dim() == 2 else ids[None]
-    model.config.check_tokens(ids.shape[1], "residual_norms")
-    norms: list[Tensor] = []
-    hooks = [b.register_forward_hook(lambda m, i, out: norms.append(out[0][0].float().norm(dim=-1).cpu()))
+    model.config.check_tokens(ids.shape[1], caller)
+    rows: list[Tensor] = []
+    hooks = [b.register_forward_hook(lambda m, i, out: rows.append(reduce(out[0][0].float()).cpu()))
              for b in model.blocks]
     try:
         model(ids.to(model.device))
     finally:
         for h in hooks:
             h.remove()
-    return torch.stack(norms)
+    return torch.stack(rows)
+
+
+@torch.inference_mode()
+def residual_norms(model: CausalLM, ids: Tensor) -> Tensor:
+    """L2 norm of the residual stream after every block, for every position: [layers, T] (batch row 0)."""
+    return _per_block(model, ids, "residual_norms", lambda h: h.norm(dim=-1))
+
+
+@torch.inference_mode()
+def activation_peaks(model: CausalLM, ids: Tensor) -> Tensor:
+    """Single activations, as Sun et al. (2024) measure them: per block, the largest magnitude among the first
+    token's hidden-state dimensions over the median magnitude of every activation of that block's output (all
+    tokens, all dimensions): [layers] (batch row 0)."""
+    return _per_block(model, ids, "activation_peaks", lambda h: h[0].abs().max() / h.abs().median())
 
 
 @torch.inference_mode()

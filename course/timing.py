@@ -11,8 +11,8 @@ import torch
 from course.models.base import CausalLM
 from course.policies import H2O, POLICIES, Policy, PolicyKind, make_policy, policy_names
 
-__all__ = ["median_seconds", "alternate", "decode_cost_vs_context", "streaming_vs_recompute", "bench_policies",
-           "compressed_prompt_speedup", "synchronize", "count_flops"]
+__all__ = ["median_seconds", "alternate", "alternate_times", "decode_cost_vs_context", "streaming_vs_recompute",
+           "bench_policies", "compressed_prompt_speedup", "synchronize", "count_flops"]
 
 
 def synchronize(device: torch.device | None) -> None:
@@ -40,6 +40,13 @@ def alternate(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int =
               device: torch.device | None = None) -> dict[str, float]:
     """Median seconds of several functions, run in alternation (A B A B ...) so that a noisy
     machine slows them alike and their ratios stay meaningful."""
+    return {name: statistics.median(ts) for name, ts in alternate_times(fns, reps, warmup, device).items()}
+
+
+def alternate_times(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int = 1,
+                    device: torch.device | None = None) -> dict[str, list[float]]:
+    """Every repetition's seconds of several functions run in alternation (``alternate`` takes their medians):
+    the ratio of two functions' i-th times is one measurement of their ratio, n = ``reps``."""
     if reps < 1 or warmup < 0:
         raise ValueError(f"reps must be >= 1 and warmup >= 0, got {reps}, {warmup}")
     for _ in range(warmup):
@@ -53,7 +60,7 @@ def alternate(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int =
             fn()
             synchronize(device)
             times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
 
 
 @torch.inference_mode()
@@ -122,11 +129,12 @@ def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, wind
         for _ in range(steps):
             model(ids[:, t["next"] - budget + 1 : t["next"] + 1], logits_to_keep=1)
 
-    med = alternate({"streaming": stream, "recompute": recompute}, reps, 1, model.device)
-    per_token = {k: v / steps for k, v in med.items()}
+    times = alternate_times({"streaming": stream, "recompute": recompute}, reps, 1, model.device)
+    per_token = {k: statistics.median(v) / steps for k, v in times.items()}
     flops_ratio = count_flops(recompute) / count_flops(stream)  # counted on the next step: the same on any machine
     return {**per_token, "speedup": per_token["recompute"] / per_token["streaming"], "cache_tokens": budget,
-            "flops_ratio": flops_ratio}
+            "flops_ratio": flops_ratio,
+            "speedups": [r / s for r, s in zip(times["recompute"], times["streaming"])]}  # one per repetition
 
 
 def _fill(model: CausalLM, policy: Policy, slots: int, seen: int):
@@ -207,7 +215,8 @@ def compressed_prompt_speedup(model: CausalLM, lengths: list[int], budget: int, 
     on what they hold, so no prompt has to be run. Both caches then grow by one slot a decoded token.
 
     Returns {"tokens": lengths, "budget", "full_ms", "snapkv_ms" (medians of alternating runs, per token),
-    "speedup" (full / snapkv, per length), "full_bytes", "snapkv_bytes" (cache bytes before the timed steps)}."""
+    "speedup" (full / snapkv, per length), "speedups" (per length, one full / snapkv ratio per repetition),
+    "full_bytes", "snapkv_bytes" (cache bytes before the timed steps)}."""
     lengths = list(lengths)
     if not lengths or lengths != sorted(set(lengths)) or lengths[0] <= budget:
         raise ValueError(f"lengths must be increasing and above the budget ({budget}), got {lengths}")
@@ -215,16 +224,19 @@ def compressed_prompt_speedup(model: CausalLM, lengths: list[int], budget: int, 
         raise ValueError(f"budget, steps and reps must be >= 1, got {budget}, {steps}, {reps}")
     model.config.check_tokens(lengths[-1] + (reps + 1) * steps, "decoding after the longest prompt")
     token = torch.zeros(1, 1, dtype=torch.long, device=model.device)
-    out: dict[str, list] = {"full_ms": [], "snapkv_ms": [], "speedup": [], "full_bytes": [], "snapkv_bytes": []}
+    out: dict[str, list] = {"full_ms": [], "snapkv_ms": [], "speedup": [], "speedups": [], "full_bytes": [],
+                            "snapkv_bytes": []}
     for t in lengths:
         caches = {"full": _fill(model, make_policy("full"), t, t),
                   "snapkv": _fill(model, make_policy("snapkv", budget, model=model), budget, t)}
 
         for name, cache in caches.items():
             out[f"{name}_bytes"].append(cache.nbytes)
-        med = alternate({name: _decode_steps(model, cache, token, steps) for name, cache in caches.items()}, reps, 1,
-                        model.device)
+        times = alternate_times({name: _decode_steps(model, cache, token, steps) for name, cache in caches.items()},
+                                reps, 1, model.device)
+        med = {name: statistics.median(ts) for name, ts in times.items()}
         out["full_ms"].append(1e3 * med["full"] / steps)
         out["snapkv_ms"].append(1e3 * med["snapkv"] / steps)
         out["speedup"].append(med["full"] / med["snapkv"])
+        out["speedups"].append([f / s for f, s in zip(times["full"], times["snapkv"])])
     return {"tokens": lengths, "budget": budget, **out}

@@ -217,8 +217,9 @@ def _check_outputs(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- site
 def _site_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--from", dest="source", default="outputs",
-                   help="folder of executed notebooks (default: ./outputs, written by run-course.sh --execute)")
+    p.add_argument("--from", dest="source", action="append", default=None,
+                   help="folder of executed notebooks, one column of the table each (give it twice: the FAST and the "
+                        "full-size copies; default: ./outputs, written by run-course.sh --execute)")
     p.add_argument("--out", default="site", help="folder for the pages (default: ./site)")
     p.add_argument("--root", default=".", help="the repository's folder: README.md, docs/ (default: .)")
     p.add_argument("--partial", action="store_true", help="build even when some notebooks were not executed")
@@ -245,8 +246,9 @@ def _site(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- reproductions
 def _reproductions_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--from", dest="source", default="outputs",
-                   help="folder of executed notebooks (default: ./outputs, written by run-course.sh --execute)")
+    p.add_argument("--from", dest="source", action="append", default=None,
+                   help="folder of executed notebooks, one column of the table each (give it twice: the FAST and the "
+                        "full-size copies; default: ./outputs, written by run-course.sh --execute)")
     p.add_argument("--out", default="docs/reproductions.md", help="the page to write (default: docs/reproductions.md)")
     p.add_argument("--json", action="store_true")
 
@@ -254,10 +256,11 @@ def _reproductions_args(p: argparse.ArgumentParser) -> None:
 def _reproductions(args: argparse.Namespace) -> dict:
     from course.instructor.reproductions import write_reproductions
 
-    result = write_reproductions(args.source, args.out)
+    result = write_reproductions(args.source or ["outputs"], args.out)
     if not args.json:
-        counts = ", ".join(f"{n} {v}" for v, n in result["verdicts"].items())
-        print(f"{result['rows']} reproduction rows ({counts}) -> {result['out']}")
+        counts = "; ".join(f"{name}: " + ", ".join(f"{n} {v}" for v, n in c.items())
+                           for name, c in result["columns"].items())
+        print(f"{result['rows']} rows (reproductions {counts}) -> {result['out']}")
     return result
 
 

@@ -65,8 +65,9 @@ def test_markdown_tables_render():
 
 def test_compressed_prompt_speedup_times_both_caches_at_every_length():
     model = tiny_model("llama", dtype=torch.float32)
-    r = compressed_prompt_speedup(model, [20, 200], budget=16, steps=1, reps=1)
+    r = compressed_prompt_speedup(model, [20, 200], budget=16, steps=1, reps=2)
     slot = 2 * model.config.n_layer * model.config.n_kv_head * model.config.head_dim * 4
+    assert [len(s) for s in r["speedups"]] == [2, 2]          # one ratio per repetition, at every length
     assert r["tokens"] == [20, 200] and r["budget"] == 16
     assert r["full_bytes"] == [20 * slot, 200 * slot] and r["snapkv_bytes"] == [16 * slot, 16 * slot]
     assert all(ms > 0 for ms in r["full_ms"] + r["snapkv_ms"])
@@ -79,3 +80,17 @@ def test_compressed_prompt_speedup_refuses_bad_sizes(lengths, budget, match):
     model = tiny_model("gpt2", dtype=torch.float32)   # 256 learned positions: 252 + 6 timed steps do not fit
     with pytest.raises(ValueError, match=match):
         compressed_prompt_speedup(model, lengths, budget=budget, steps=2, reps=2)
+
+
+def test_the_longest_prompt_that_fits_a_budget_with_and_without_snapkv():
+    from course.kvcache import longest_prompt, prefill_bytes_per_token
+
+    cfg = tiny_model("llama", dtype=torch.float32).config
+    act, cache = prefill_bytes_per_token(cfg, 4), cfg.cache_bytes_per_token(4)
+    assert act == max(2 * 32 + 3 * 4 * 8 + 3 * 2 * 8 + 32, 3 * 32 + 4 * 64) * 4   # the MLP's SwiGLU is the widest
+    weights, tokens = 10**6, 4096
+    memory = weights + (act + cache) * tokens
+    assert longest_prompt(memory, weights, cfg, 4) == tokens                     # the whole cache fits exactly
+    kept = longest_prompt(memory, weights, cfg, 4, keep=tokens // 8)
+    assert tokens < kept < tokens * cfg.n_layer                                  # SnapKV fits more, not unboundedly
+    assert longest_prompt(weights - 1, weights, cfg, 4) == 0

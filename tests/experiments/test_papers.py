@@ -98,7 +98,7 @@ def test_the_table_of_results_names_a_known_paper_and_a_place_for_every_result()
 
 
 def test_a_rule_gives_the_verdict_fixed_before_the_run():
-    up = Rule("window only / sinks", at_least=10, partly=2)
+    up = Rule("window only / sinks", at_least=10, partly=2)   # one value: judged on itself
     assert [up.verdict(x)[0] for x in (12, 10, 3, 1.5)] == ["reproduced", "reproduced", "partly",
                                                             "not reproduced at this scale"]
     down = Rule("sinks / dense", at_most=1.1, partly=1.5)
@@ -114,9 +114,10 @@ def test_a_reproduction_is_recorded_capped_and_shown(capsys):
     before = len(REPRODUCTIONS)
     trained, untrained = tiny_config("gpt2"), tiny_config("gpt2", random_weights=True, name="gpt2-random")
     rule = Rule("no sinks / 4 sinks", at_least=10, partly=2, why="a collapse")
-    row = reproduction("99", "streamingllm.table2.llama2", "350x", 40.0, rule, trained, "2 passages")
+    row = reproduction("99", "streamingllm.table2.llama2", "350x", [40.0, 35.0], rule, trained, "2 passages")
     assert row.verdict == "reproduced" and row.source.endswith("arXiv 2309.17453), Table 2")
-    capped = reproduction("99", "streamingllm.table2.llama2", "350x", 40.0, rule, untrained, "2 passages",
+    assert (row.n, row.low, row.high, row.interval) == (2, 35.0, 40.0, "range")
+    capped = reproduction("99", "streamingllm.table2.llama2", "350x", [40.0, 35.0], rule, untrained, "2 passages",
                           limit="the stream is shorter than the trained context")
     assert capped.verdict == "partly" and "shorter than the trained context" in capped.reason
     assert "random weights" in capped.reason
@@ -128,28 +129,71 @@ def test_a_reproduction_is_recorded_capped_and_shown(capsys):
     REPRODUCTIONS[:] = [r for r in REPRODUCTIONS if r.notebook != "99"]
 
 
-def test_the_page_is_written_from_executed_notebooks(tmp_path):
+def _executed(tmp_path, name, rows, fast):
     from dataclasses import asdict
 
     from course.claims import REPRODUCTION_MIME
+
+    nb = {"cells": [{"cell_type": "code", "source": "show_reproductions('03')", "metadata": {}, "outputs": [
+        {"output_type": "display_data", "metadata": {},
+         "data": {"text/plain": "...", REPRODUCTION_MIME: {"notebook": "03", "rows": [asdict(r) for r in rows]}}}]}],
+          "metadata": {"papermill": {"parameters": {"MODEL": "smollm2-135m", "FAST": fast}}}, "nbformat": 4,
+          "nbformat_minor": 5}
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / name).write_text(json.dumps(nb), encoding="utf-8")
+
+
+def test_the_page_is_written_from_executed_notebooks(tmp_path):
+    from course.claims import illustration
     from course.instructor.reproductions import write_reproductions
 
     rule = Rule("no sinks / 4 sinks", at_least=10, partly=2)
-    row = reproduction("03", "streamingllm.table2.llama2", "3359.95 / 9.59 = 350x", 3.0, rule, tiny_config("gpt2"),
-                       "4 passages of 320 tokens")
-    REPRODUCTIONS.remove(row)
-    nb = {"cells": [{"cell_type": "code", "source": "show_reproductions('03')", "metadata": {}, "outputs": [
-        {"output_type": "display_data", "metadata": {},
-         "data": {"text/plain": "...", REPRODUCTION_MIME: {"notebook": "03", "rows": [asdict(row)]}}}]}],
-          "metadata": {"papermill": {"parameters": {"MODEL": "smollm2-135m", "FAST": True}}}, "nbformat": 4,
-          "nbformat_minor": 5}
-    (tmp_path / "03_streaming_llm.ipynb").write_text(json.dumps(nb), encoding="utf-8")
-    result = write_reproductions(tmp_path, tmp_path / "docs" / "reproductions.md")
+    row = reproduction("03", "streamingllm.table2.llama2", "3359.95 / 9.59 = 350x", [3.0, 2.5, 4.0], rule,
+                       tiny_config("gpt2"), "4 passages of 320 tokens")
+    shown = illustration("03", "streamingllm.table7", "0.00", 0.0, "recall beyond the cache", tiny_config("gpt2"),
+                         "2 passkeys", why="true by construction")
+    full = reproduction("03", "streamingllm.table2.llama2", "3359.95 / 9.59 = 350x", [12, 14, 30, 11], rule,
+                        tiny_config("gpt2"), "8 passages of 1024 tokens")
+    REPRODUCTIONS[:] = [r for r in REPRODUCTIONS if r.notebook != "03"]
+    _executed(tmp_path / "fast", "03_streaming_llm.ipynb", [row, shown], True)
+    _executed(tmp_path / "full", "03_streaming_llm.ipynb", [full], False)
+    (tmp_path / "full" / "not-run.txt").write_text("04_h2o: 23 minutes on two cores\n", encoding="utf-8")
+    result = write_reproductions([tmp_path / "fast", tmp_path / "full"], tmp_path / "docs" / "reproductions.md")
     page = (tmp_path / "docs" / "reproductions.md").read_text(encoding="utf-8")
-    assert result["rows"] == 1 and result["verdicts"]["partly"] == 1
-    assert "| 03 | Xiao et al. (2023, arXiv 2309.17453), Table 2 | no sinks / 4 sinks | 3359.95 / 9.59 = 350x | 3 |" \
-        in page and "**partly**" in page and "MODEL = 'smollm2-135m'" in page
+    assert result["columns"]["FAST"]["partly"] == 1 and result["columns"]["full size"]["reproduced"] == 1
+    assert "| 03 | Xiao et al. (2023, arXiv 2309.17453), Table 2 | no sinks / 4 sinks | 3359.95 / 9.59 = 350x | " \
+           "3 [2.5 to 4, range], n = 3" in page and "**partly**" in page and "MODEL = 'smollm2-135m'" in page
+    assert "FAST: 1 reproductions — 0 reproduced, 1 partly" in page       # the illustration is not counted
+    assert "## Illustrations (shown, not counted)" in page and "true by construction" in page
+    assert "Where FAST and full size disagree" in page and "FAST *partly*, full size *reproduced*" in page
+    assert "`04_h2o` not run: 23 minutes on two cores" in page
+    assert "**FAST** (the quick mode" in page and "**full size** (the sizes the notebooks are written for" in page
     assert "Quoted, not re-run" in page and "Table 3" in page  # results no notebook re-ran are still listed
-    (tmp_path / "03_streaming_llm.ipynb").unlink()
+    with pytest.raises(ValueError, match="two folders give the column"):
+        write_reproductions([tmp_path / "fast", tmp_path / "fast"], tmp_path / "x.md")
+    (tmp_path / "fast" / "03_streaming_llm.ipynb").unlink()
     with pytest.raises(ValueError, match="no executed notebook holds reproduction rows"):
-        write_reproductions(tmp_path, tmp_path / "x.md")
+        write_reproductions(tmp_path / "fast", tmp_path / "x.md")
+
+
+def test_the_committed_page_has_both_columns_the_three_kinds_and_n_everywhere():
+    """docs/reproductions.md as committed: FAST and full-size columns, the three kinds apart, every row with its n,
+    every reproduction of two values or more with its interval."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reproductions.md").read_text(encoding="utf-8")
+    sections = ["## Reproductions (counted)", "## Illustrations (shown, not counted)",
+                "## The course's own findings (no paper)", "## The rules, fixed before the runs"]
+    assert [page.index(s) for s in sections] == sorted(page.index(s) for s in sections)
+    assert "| FAST: course | FAST: verdict | full size: course | full size: verdict |" in page
+    reps = page[page.index(sections[0]):page.index(sections[1])]
+    rows = [line for line in reps.splitlines() if line.startswith("| 0")]
+    assert rows, "no reproduction row"
+    for line in rows:
+        cells = [c for c in line.split(" | ") if "; " in c and ", n = " in c]
+        assert cells, f"a reproduction row without its n: {line[:120]}"
+        for c in cells:
+            n = int(c.split(", n = ")[1].split(";")[0])
+            assert n == 1 or (" to " in c and ("range]" in c or "interval]" in c)), f"no interval: {c[:120]}"
+    for kind in sections[1:3]:
+        part = page[page.index(kind):]
+        assert any(line.startswith("| 0") and ", n = " in line for line in part.splitlines()), kind
+

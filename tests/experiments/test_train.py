@@ -23,7 +23,7 @@ from course.train import (
     over_seeds,
     prepend_sink,
     seed_list,
-    seed_rule,
+    table3_rule,
     table3_excess,
     train,
     train_seeds,
@@ -235,15 +235,22 @@ def test_table3_in_nats_and_the_verdicts():
     with pytest.raises(ValueError, match="kept must be one of"):
         table3_excess("vanilla", 3)
     assert verdict([True, True, True], True) == "reproduced"
-    assert verdict([True, False, True], True) == "partly"
+    assert verdict([True, False, True], True) == "inconclusive at n = 3"
     assert verdict([True, True, True], False) == "not reproduced at this scale"
     assert verdict([False, False, False], False) == "reproduced"
     assert verdict([True, False, False], None) == "held in 1/3 seeds (not in the paper)"
     with pytest.raises(ValueError, match="one outcome per seed"):
         verdict([], True)
-    # one rule: the verdict printed per threshold is the reproduction row's (seed_rule on the agreement)
+    # one rule: the verdict printed per threshold is the reproduction row's (table3_rule on the per-seed values)
     assert agreement([True, False, False], False) == pytest.approx(2 / 3)
-    assert seed_rule("T1").verdict(agreement([True, False, True], True))[0] == verdict([True, False, True], True)
+    t1 = THRESHOLDS["T1"]
+    for excess in ([0.2, 0.01, 0.3], [0.2, 0.1, 0.3], [0.01, 0.02, 0.0]):
+        held = [e >= t1 for e in excess]
+        assert table3_rule("T1", "T1").verdict(excess)[0] == verdict(held, True)
+    assert table3_rule("T2", "T2@1").verdict([0.002, 0.007])[0] == "reproduced"      # at most T2 = 0.01
+    assert table3_rule("T2", "T2@1", paper=False).verdict([0.002, 0.007])[0] == "not reproduced at this scale"
+    with pytest.raises(ValueError, match="T1, T2@k or T3"):
+        table3_rule("x", "T4")
 
 
 def test_train_cli_without_bos(tmp_path, monkeypatch, capsys):
