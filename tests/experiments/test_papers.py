@@ -179,7 +179,7 @@ def test_the_page_is_written_from_executed_notebooks(tmp_path):
 def test_the_committed_page_has_both_columns_the_three_kinds_and_n_everywhere():
     """docs/reproductions.md as committed: FAST and full-size columns, the three kinds apart, every row with its n,
     every reproduction of two values or more with its interval."""
-    page = (Path(__file__).resolve().parents[1] / "docs" / "reproductions.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "reproductions.md").read_text(encoding="utf-8")
     sections = ["## Reproductions (counted)", "## Illustrations (shown, not counted)",
                 "## The course's own findings (no paper)", "## The rules, fixed before the runs"]
     assert [page.index(s) for s in sections] == sorted(page.index(s) for s in sections)
