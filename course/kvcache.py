@@ -221,7 +221,7 @@ class KVCache:
 
     * ``"prompt"`` (default): a prompt. Every token attends causally to everything before it (full
       attention, whatever the policy); the cache may then hold more than the budget until
-      ``compress`` cuts it back (``course.evaluate.compress_prompt`` does both).
+      ``compress`` cuts it back (``course.compression.compress_prompt`` does both).
     * ``"stream"``: a chunk of a stream, as the exact evaluator runs it. For policies decided by
       positions alone, each token sees exactly the keys the token-by-token decode loop would have
       cached when it was decoded.

@@ -1,6 +1,6 @@
 """The published numbers the course quotes, each with the paper, the table or figure and the setting.
 
-Every number a notebook's prose quotes from a paper is in ``RESULTS`` (``tests/test_papers.py`` fails when a
+Every number a notebook's prose quotes from a paper is in ``RESULTS`` (``tests/experiments/test_papers.py`` fails when a
 notebook quotes one that is not), and a notebook that re-runs a result compares its own number with the
 value from here (``course.claims.reproduction``), so a quoted number has one source. ``docs/references.md``
 lists the works in ``PAPERS`` in full.

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import torch
 
 from course.models.base import CausalLM
-from course.policies import H2O, Policy, make_policy
+from course.policies import H2O, POLICIES, Policy, PolicyKind, make_policy, policy_names
 
-__all__ = ["median_seconds", "alternate", "alternate_times", "decode_cost_vs_context", "streaming_vs_recompute", "bench_policies",
-           "compressed_prompt_speedup", "BENCH_POLICIES", "synchronize", "count_flops"]
+__all__ = ["median_seconds", "alternate", "alternate_times", "decode_cost_vs_context", "streaming_vs_recompute",
+           "bench_policies", "compressed_prompt_speedup", "synchronize", "count_flops"]
 
 
 def synchronize(device: torch.device | None) -> None:
@@ -159,14 +159,20 @@ def _decode_steps(model: CausalLM, cache, token: torch.Tensor, steps: int) -> Ca
     return run
 
 
-BENCH_POLICIES = ("full", "window", "streaming", "h2o", "snapkv")
+def _slots_after(kind: PolicyKind, t: int, budget: int, prompt: int) -> int:
+    """Slots a policy holds after ``t`` tokens: every token (the full cache), the prompt compressed to ``budget``
+    and every token decoded since (a policy that only compresses the prompt), else at most ``budget``."""
+    if not kind.bounded:
+        return t
+    return budget + (t - prompt) if kind.prefill_only else min(t, budget)
 
 
 @torch.inference_mode()
 def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budget: int, steps: int, reps: int,
-                   names: tuple[str, ...] = BENCH_POLICIES) -> dict:
+                   names: tuple[str, ...] | None = None) -> dict:
     """Per-token decode time (ms) and cache bytes after ``t`` streamed tokens, for every policy in ``names``
-    (``BENCH_POLICIES`` by default: full, window, streaming, h2o and snapkv; ``h2o-mean`` may be added).
+    (by default the table's policies shown in ``bench``: full, window, streaming, h2o, snapkv and any registered
+    since; any registered policy may be added).
 
     SnapKV compresses a prompt once and never evicts while decoding: here the prompt is the first
     ``lengths[0]`` tokens, compressed to ``budget`` slots, and its cache then grows by one slot a
@@ -174,19 +180,17 @@ def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budge
     like StreamingLLM; H2O's at the longest stream (both always hold ``budget``)."""
     if list(lengths) != sorted(lengths) or lengths[0] < budget:
         raise ValueError(f"lengths must be increasing and start at >= budget ({budget}), got {lengths}")
-    unknown = [n for n in names if n not in (*BENCH_POLICIES, "h2o-mean")]
+    names = policy_names("bench") if names is None else tuple(names)
+    unknown = [n for n in names if n not in POLICIES]
     if unknown or not {"streaming", "h2o", "snapkv"} <= set(names):  # the overheads below compare these
-        raise ValueError(f"names must include streaming, h2o and snapkv and may add full, window and h2o-mean; "
+        raise ValueError(f"names must include streaming, h2o and snapkv and may add any of {', '.join(POLICIES)}; "
                          f"got {names}")
     policies = {name: (lambda name=name: make_policy(name, budget, model=model))  # SnapKV compresses the prompt;
                 for name in names}  # its cache then grows while decoding
     prompt = lengths[0]  # SnapKV: this prompt compressed to the budget, then decoding
     rows: dict[str, dict[str, list]] = {name: {"tokens": [], "ms_per_token": [], "cache_bytes": []} for name in policies}
     for t in lengths:
-        occupancy = {
-            "full": t, "window": min(t, budget), "streaming": min(t, budget), "h2o": min(t, budget),
-            "h2o-mean": min(t, budget), "snapkv": budget + (t - prompt),
-        }
+        occupancy = {name: _slots_after(POLICIES[name], t, budget, prompt) for name in names}
         fns, sizes = {}, {}
         for name, make in policies.items():
             cache = _fill(model, make(), occupancy[name], t)

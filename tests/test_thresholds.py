@@ -23,6 +23,11 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
+
+def _unquote(cell: str) -> str:
+    """A table cell without the backticks around it."""
+    return cell[1:-1] if cell.startswith("`") and cell.endswith("`") else cell
+
 def ledger_rows() -> list[dict]:
     """The rows of the table "Thresholds in force": id, where, anchor, code, value, why, fixed."""
     rows = []
@@ -32,8 +37,7 @@ def ledger_rows() -> list[dict]:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
         if len(cells) != 7:
             continue
-        unquote = lambda c: c[1:-1] if c.startswith("`") and c.endswith("`") else c
-        rows.append({"id": cells[0], "where": cells[1], "anchor": unquote(cells[2]), "code": unquote(cells[3]),
+        rows.append({"id": cells[0], "where": cells[1], "anchor": _unquote(cells[2]), "code": _unquote(cells[3]),
                      "value": cells[4], "why": cells[5], "fixed": cells[6]})
     return rows
 
