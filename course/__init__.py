@@ -9,7 +9,9 @@ What a student's kernel imports
   ``course.kvcache``             the KV cache: slots, eviction by a policy's scores, prompt compression
   ``course.models``              models that own their KV cache (one ``Family`` per architecture; ``attend``)
   ``course.compression``         the one prompt-compression step that generation and evaluation share
+  ``course.quantize``            the quantized store (KIVI) a policy's kept tokens can be held in
   ``course.streaming``           a long text through a bounded cache: perplexity and what it costs
+  ``course.frontier``            quality against bytes: eviction, quantization and both on the same passages
   ``course.evaluate``            needle retrieval under a compressed cache, continuations, budget sweeps
   ``course.generate``            generation and chat through a compressed cache
   ``course.transformers_cache``  the course's policies inside transformers' ``generate``

@@ -140,8 +140,8 @@ def _diagnose(got, model, ids: Tensor, name: str, budget: int | None, settings: 
     variants = [
         (dict(settings, keys="token"), 1, "keys are rounded per channel: one min and max per channel over the group's "
                                           "tokens (dim 2 of [B, H_kv, S, d]), not per token"),
-        (dict(settings, residual=r + 1), 3, f"a group leaves the residual when done + group <= next_position - "
-                                            f"residual: you waited one token too long"),
+        (dict(settings, residual=r + 1), 3, "a group leaves the residual when done + group <= next_position - "
+                                            "residual: you waited one token too long"),
         (dict(settings, residual=max(r - 1, 0)), 3, "a group leaves the residual when done + group <= next_position - "
                                                     "residual: you rounded it one token too early"),
         (dict(settings, residual=0), 3, "the newest `residual` tokens stay in full precision: only groups older than "

@@ -71,7 +71,8 @@ def quantized_peer(model_name: str = "smollm2-135m", device: str = "cpu", tokens
     rows = [("transformers, DynamicCache", _perplexities(_transformers_nll(hf, ids, DynamicCache(config=hf.config)),
                                                          start))]
     for b in bits:
-        cache = QuantizedCache(backend="quanto", config=hf.config, nbits=b, q_group_size=group, residual_length=residual)
+        cache = QuantizedCache(backend="quanto", config=hf.config, nbits=b, q_group_size=group,
+                               residual_length=residual)
         rows.append((f"transformers, QuantizedCache (quanto) {b}-bit", _perplexities(_transformers_nll(hf, ids, cache),
                                                                                       start)))
     course = decode_stream(model, ids, make_policy("full"), progress=False).nll
