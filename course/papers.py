@@ -85,6 +85,15 @@ PAPERS: dict[str, Paper] = {p.key: p for p in [
           "Efficient Streaming Language Models with Attention Sinks (a replication of the sliding-window collapse "
           "with GPT-2; no address known to the course)", short="the public GPT-2 replication"),
     Paper("gpt-oss", "OpenAI", 2025, "gpt-oss-120b & gpt-oss-20b Model Card", arxiv="2508.10925"),
+    Paper("kivi", "Zirui Liu, Jiayi Yuan, Hongye Jin, Shaochen Zhong, Zhaozhuo Xu, Vladimir Braverman, Beidi Chen "
+          "and Xia Hu", 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache (ICML 2024)",
+          arxiv="2402.02750"),
+    Paper("intactkv", "Ruikang Liu, Haoli Bai, Haokun Lin, Yuening Li, Han Gao, Zhengzhuo Xu, Lu Hou, Jun Yao and "
+          "Chun Yuan", 2024, "IntactKV: Improving Large Language Model Quantization by Keeping Pivot Tokens Intact",
+          arxiv="2403.01241"),
+    Paper("kvquant", "Coleman Hooper, Sehoon Kim, Hiva Mohammadzadeh, Michael W. Mahoney, Yakun Sophia Shao, "
+          "Kurt Keutzer and Amir Gholami", 2024,
+          "KVQuant: Towards 10 Million Context Length LLM Inference with KV Cache Quantization", arxiv="2401.18079"),
 ]}
 
 RESULTS: dict[str, PaperResult] = {r.key: r for r in [

@@ -1,5 +1,5 @@
 """``bench``: speed and memory of the policies, and, instead, the notebooks' wall times, threads, grading
-throughput or transformers' cache."""
+throughput, transformers' cache or the quantized store's peer."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     what.add_argument("--transformers-cache", action="store_true",
                       help="instead: per-token decode of transformers with the course's StreamingLLM cache vs its "
                            "plain DynamicCache, and the course's decode vs transformers' -> docs/benchmarks.md")
+    what.add_argument("--quantized-peer", action="store_true",
+                      help="instead: perplexity of the course's quantized store (KIVI) beside transformers' "
+                           "QuantizedCache (quanto backend) on the same weights and passages -> docs/benchmarks.md")
     _model_args(p)
     p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes on a laptop CPU)")
     p.add_argument("--fast", action="store_true", help="with --notebooks: run them in FAST mode")
@@ -52,8 +55,10 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
         raise ValueError("--only applies to --notebooks only")
     if args.competing and not (args.notebooks or args.threads):
         raise ValueError("--competing applies to --notebooks or --threads only")
-    if args.report is not None and not (args.notebooks or args.threads or args.grading or args.transformers_cache):
-        raise ValueError("--report applies to --notebooks, --threads, --grading or --transformers-cache only")
+    if args.report is not None and not (args.notebooks or args.threads or args.grading or args.transformers_cache
+                                        or args.quantized_peer):
+        raise ValueError("--report applies to --notebooks, --threads, --grading, --transformers-cache or "
+                         "--quantized-peer only")
     for flag, value in (("--jobs", args.jobs), ("--submission", args.submission)):
         if value is not None and not args.grading:
             raise ValueError(f"{flag} applies to --grading only")
@@ -158,6 +163,27 @@ def _bench_transformers_cache(args: argparse.Namespace) -> dict:
     return result | {"report": str(report)}
 
 
+def _bench_quantized_peer(args: argparse.Namespace) -> dict:
+    import shlex
+    from pathlib import Path
+
+    from course.instructor import require
+
+    require("bench --quantized-peer", "optimum.quanto")
+    from course.instructor.quantized_peer import quantized_peer, quantized_peer_table, write_quantized_peer_report
+    from course.models import resolve_device
+
+    name = "smollm2-135m" if args.model == "auto" else args.model
+    result = quantized_peer(name, str(resolve_device(args.device)), **(dict(tokens=160) if args.quick else {}))
+    command = shlex.join(["python", "-m", "course", "bench", "--quantized-peer"] + (["--quick"] if args.quick else [])
+                         + ([] if args.model in ("auto", "smollm2-135m") else ["--model", args.model]))
+    report = write_quantized_peer_report(result, Path(args.report or "docs/benchmarks.md"), command)
+    if not args.json:
+        print(quantized_peer_table(result, command))
+        print(f"Saved: {report}")
+    return result | {"report": str(report)}
+
+
 def _bench(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
@@ -172,6 +198,8 @@ def _bench(args: argparse.Namespace) -> dict:
         return _bench_grading(args)
     if args.transformers_cache:
         return _bench_transformers_cache(args)
+    if args.quantized_peer:
+        return _bench_quantized_peer(args)
     if not args.json:
         check_out_folder(args.out)
     result = run_bench(args.model, args.device, args.quick, progress=not args.json)
