@@ -11,7 +11,7 @@ import torch
 from course.models.base import CausalLM
 from course.policies import H2O, Policy, make_policy
 
-__all__ = ["median_seconds", "alternate", "decode_cost_vs_context", "streaming_vs_recompute", "bench_policies",
+__all__ = ["median_seconds", "alternate", "alternate_times", "decode_cost_vs_context", "streaming_vs_recompute", "bench_policies",
            "compressed_prompt_speedup", "BENCH_POLICIES", "synchronize", "count_flops"]
 
 
@@ -40,6 +40,13 @@ def alternate(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int =
               device: torch.device | None = None) -> dict[str, float]:
     """Median seconds of several functions, run in alternation (A B A B ...) so that a noisy
     machine slows them alike and their ratios stay meaningful."""
+    return {name: statistics.median(ts) for name, ts in alternate_times(fns, reps, warmup, device).items()}
+
+
+def alternate_times(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int = 1,
+                    device: torch.device | None = None) -> dict[str, list[float]]:
+    """``alternate``'s measurements themselves: the seconds of every round, per function (round i of each
+    function ran side by side, so ratios can be taken round by round)."""
     if reps < 1 or warmup < 0:
         raise ValueError(f"reps must be >= 1 and warmup >= 0, got {reps}, {warmup}")
     for _ in range(warmup):
@@ -53,7 +60,7 @@ def alternate(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int =
             fn()
             synchronize(device)
             times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
 
 
 @torch.inference_mode()
