@@ -564,6 +564,7 @@ def _bench_grading(args: argparse.Namespace) -> dict:
     require("bench --grading", "nbformat", "nbclient", "jupyter_client", "ipykernel")
     from course.instructor.grading.throughput import grading_report, measure_grading, project_class, write_report
     from course.instructor.notebook_times import read_times
+    from course.instructor.release import release
     from course.threads import cpu_cores
 
     submissions = [Path(s) for s in args.submission or ["notebooks/01_kv_cache.ipynb",
@@ -571,7 +572,9 @@ def _bench_grading(args: argparse.Namespace) -> dict:
     times = read_times(Path("docs/notebook-times.md"))  # read before the long run: the projection needs it
     jobs = args.jobs or sorted({1, cpu_cores()})
     with tempfile.TemporaryDirectory(prefix="course-bench-grading-") as work:
-        result = measure_grading(submissions, args.copies, jobs, Path(work), progress=not args.json)
+        key = Path(work) / "key.json"  # the submissions are this repository's notebooks: its release's key
+        release(Path("notebooks"), Path(work) / "released", hidden_answers=True, key_path=key, seed=0)
+        result = measure_grading(submissions, args.copies, jobs, Path(work), key, progress=not args.json)
     projection = project_class(result, times)
     setting = [f"{k}={os.environ[k]}" for k in ("COURSE_MODEL", "HF_HUB_OFFLINE") if os.environ.get(k)]
     command = shlex.join([*setting, "python", "-m", "course", "bench", "--grading", "--copies", str(args.copies),
@@ -793,6 +796,11 @@ def _release_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hide-answers", action="store_true",
                    help="for graded use: a question's check says only whether the answer is well-formed (the grader "
                         "decides); write the copies to another folder with --out (the committed ones keep the hints)")
+    p.add_argument("--key", default=None, metavar="FILE",
+                   help="also write the grading key of this release (answers, the capstone's held-out passages, the "
+                        "released lines) to FILE, outside --out: keep it from the students, grade with it")
+    p.add_argument("--seed", type=seed_int, default=None,
+                   help="draw the capstone's held-out passages from this seed (default: at random)")
     p.add_argument("--json", action="store_true")
 
 
@@ -814,17 +822,22 @@ def _release(args: argparse.Namespace) -> dict:
         if not args.json:
             print(f"the student copies in {students} are up to date")
         return {"student_dir": str(students), "up_to_date": True}
-    written = release(solutions, students, hidden_answers=args.hide_answers)
+    key = Path(args.key) if args.key else None
+    written = release(solutions, students, hidden_answers=args.hide_answers, key_path=key, seed=args.seed)
     if not args.json:
         for path in written:
             print(f"wrote {path}")
-    return {"student_dir": str(students), "written": [str(p) for p in written]}
+        if key:
+            print(f"wrote the grading key {key} (keep it from the students; grade with --key {key})")
+    return {"student_dir": str(students), "written": [str(p) for p in written], "key": str(key) if key else None}
 
 
 # ----------------------------------------------------------------------------- grade
 def _grade_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="submitted notebooks, or class folders searched recursively for *.ipynb")
+    p.add_argument("--key", required=True, metavar="FILE",
+                   help="the grading key that `python -m course release --key FILE` wrote with the copies handed out")
     p.add_argument("--layout", choices=["folders", "flat"], default="folders",
                    help="who a notebook belongs to: folders (default): PATH/STUDENT/.../NN_name.ipynb; "
                         "flat: PATH/STUDENT__NN_name.ipynb (see docs/grading.md)")
@@ -881,6 +894,7 @@ def _grade(args: argparse.Namespace) -> dict:
     require("grade", "nbformat", "nbclient", "jupyter_client", "ipykernel")
     from course.instructor.grading.gradebook import Gradebook, format_gradebook, totals
     from course.instructor.grading.grade import grade
+    from course.instructor.grading.key import read_key
     from course.instructor.grading.sandbox import Limits
     from course.instructor.grading.shards import check_out_for
     from course.instructor.grading.submissions import find_submissions
@@ -888,6 +902,7 @@ def _grade(args: argparse.Namespace) -> dict:
 
     shard = args.shard
     jobs = args.jobs or cpu_cores()
+    read_key(Path(args.key))  # an unusable key is reported before anything is graded
     find_submissions(args.paths, args.layout)  # a missing PATH is reported before --out is created
     check_out_for(Path(args.out), shard)
     book = Gradebook(Path(args.out), regrade=args.regrade)  # checked before anything is graded
@@ -905,7 +920,7 @@ def _grade(args: argparse.Namespace) -> dict:
     try:
         rows = grade(args.paths, args.timeout, args.total_timeout, args.layout, limits, book,
                      progress=None if args.json else lambda line: print(line, flush=True), stop=stopping,
-                     jobs=jobs, threads=max(1, cpu_cores() // jobs), shard=shard)
+                     jobs=jobs, threads=max(1, cpu_cores() // jobs), shard=shard, key=Path(args.key))
     except KeyboardInterrupt:
         print(f"interrupted: {book.json_path} and {book.csv_path} hold the submissions graded so far; "
               "run the same command again to grade the rest", file=sys.stderr)

@@ -37,7 +37,7 @@ from course.progress import progress_bar
 __all__ = [
     "NeedleTrial", "make_needle_trials", "score_needle", "needle_eval", "compare_needles", "budget_sweep",
     "decode_after_compression", "compare_after_compression", "continuation_nll", "compare_continuations",
-    "compress_prompt", "compress_prompts",
+    "compress_prompt", "compress_prompts", "best_policy",
 ]
 
 QUESTION = "\nWhat is the secret passkey? The secret passkey is"
@@ -108,7 +108,8 @@ def compress_prompts(model: CausalLM, prompt: Tensor, policies: Sequence[Policy 
     prompt = prompt.to(model.device)
     model.config.check_tokens(prompt.shape[1], "the prompt")
     caches = [model.new_cache(prompt.shape[0], policy, chunks="prompt") for policy in policies]
-    logits = model(prompt, cache=CacheGroup(caches), logits_to_keep=logits_to_keep).logits
+    shared = caches[0] if len(caches) == 1 else CacheGroup(caches)  # one policy needs no group
+    logits = model(prompt, cache=shared, logits_to_keep=logits_to_keep).logits
     for cache in caches:
         cache.compress()
     return caches, logits
@@ -263,3 +264,13 @@ def budget_sweep(model: CausalLM, trials: list[NeedleTrial], policy: str, budget
     results = compare_needles(model, trials, {b: (lambda t, b=b: make(b)) for b in budgets}, progress)
     return [{"policy": policy, "budget": b, "sinks": sinks, **{k: v for k, v in results[b].items() if k != "trials"}}
             for b in budgets]
+
+
+def best_policy(rows: Sequence[Mapping], metric: str, max_tokens: int, higher_is_better: bool) -> str:
+    """Read a strategy table: the ``policy`` of the row with the best ``metric`` among those whose ``tokens``
+    (cache size) fit in ``max_tokens``; between equals, the smaller cache. ``ValueError`` when none fits."""
+    fitting = sorted((r for r in rows if r["tokens"] <= max_tokens),
+                     key=lambda r: (-r[metric] if higher_is_better else r[metric], r["tokens"]))
+    if not fitting:
+        raise ValueError(f"no policy fits in max_tokens={max_tokens} tokens")
+    return fitting[0]["policy"]

@@ -2,8 +2,9 @@
 # An instructor's install, checked from scratch: a fresh venv, torch, then the package as pip installs it from a
 # copy of this repository (not editable), used from a folder outside the repository:
 #   1. without the instructor extra, `python -m course grade` stops with one line naming the extra;
-#   2. with it (pip install ".[instructor]"), two small submissions are graded (two at once), the student copies
-#      are released into a new folder and checked, and a site is built from one notebook executed by papermill.
+#   2. with it (pip install ".[instructor]"), the student copies are released into a new folder with a grading key
+#      and checked, two small submissions are graded with that key (two at once), and a site is built from one
+#      notebook executed by papermill.
 #   TORCH_SPEC   the torch to install (default torch==2.13.0)
 #   TORCH_INDEX  optional package index for it, e.g. https://download.pytorch.org/whl/cpu
 #   PYTHON       interpreter for the venv (default python3)
@@ -25,14 +26,16 @@ cd "$work"
 
 echo "== without the instructor extra, grade says what to install"
 mkdir -p class/alice class/bob
-if python -m course grade class 2>err.txt; then
+if python -m course grade class --key key.json 2>err.txt; then
   echo "grade ran without the instructor extra"; exit 1
 fi
 cat err.txt
 [ "$(wc -l <err.txt)" -eq 1 ] && grep -q 'attention-sinks-course\[instructor\]' err.txt
 
-echo "== with the instructor extra: grade, release, site"
+echo "== with the instructor extra: release, grade, site"
 python -m pip install -q "$work/src[instructor]"
+python -m course release --notebooks "$repo/notebooks" --out student --key key.json >/dev/null
+python -m course release --notebooks "$repo/notebooks" --out student --check
 python - <<'EOF'
 import nbformat
 
@@ -50,7 +53,7 @@ site_nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
 nbformat.write(site_nb, "01_kv_cache.ipynb")
 EOF
 jobs=$(( $(nproc) < 2 ? $(nproc) : 2 ))
-python -m course grade class --jobs "$jobs" --timeout 120 --out book >/dev/null
+python -m course grade class --key key.json --jobs "$jobs" --timeout 120 --out book >/dev/null
 python - <<'EOF'
 import json
 
@@ -58,8 +61,6 @@ kv = {r["student"]: r["status"] for r in json.load(open("book/gradebook.json")) 
 assert kv == {"alice": "pass", "bob": "wrong"}, kv
 print("graded:", kv)
 EOF
-python -m course release --notebooks "$repo/notebooks" --out student >/dev/null
-python -m course release --notebooks "$repo/notebooks" --out student --check
 mkdir executed
 papermill -k python3 --log-level WARNING --no-progress-bar 01_kv_cache.ipynb executed/01_kv_cache.ipynb
 python -m course site --from executed --out site --root "$repo" --partial

@@ -2,9 +2,10 @@
 # Set up (see setup.sh) and check an instructor's install in a fresh venv (check-instructor-install.sh), then run
 # the whole test suite: every solution notebook executed once, top to bottom, in FAST mode on SmolLM2-135M into
 # outputs/ (papermill: an error or a failed assertion stops the run; the notebooks' scientific claims are asserted
-# there); the unit tests and the browser test of the course site built from outputs/; then every student copy under
-# nbval (with AUTOFILL, so each exercise runs the reference) on gpt2-random (GPT-2's architecture and shapes, random
-# weights), which proves the student copies and the GPT-2 code paths offline: its claims are recorded, not asserted.
+# there); then the unit tests, the browser test of the course site built from outputs/, and a class graded for real
+# (tests/test_class_grading.py): every student copy released for graded use, filled in as an honest student would
+# and graded with `course grade --key --jobs 2`, which also executes every student copy end to end on gpt2-random
+# (GPT-2's architecture and shapes, random weights: the GPT-2 code paths offline, its claims recorded, not asserted).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,4 +16,3 @@ export COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135
 # the notebooks draw their figures inline (the site shows them): no MPLBACKEND for their kernels
 env -u MPLBACKEND COURSE_SET_UP=1 bash scripts/run-course.sh --execute --fast
 COURSE_EXECUTED=outputs python -m pytest -p no:cacheprovider --durations=15 tests "$@"  # the slowest tests, named
-COURSE_MODEL=gpt2-random python -m pytest -p no:cacheprovider notebooks/student --nbval-lax --nbval-current-env "$@"

@@ -1,6 +1,8 @@
-"""Shared fixtures: tiny random models of both families (offline) and the real SmolLM2."""
+"""Shared fixtures: tiny random models of both families (offline), the real SmolLM2, and a graded release."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,3 +91,21 @@ def austen_ids(smollm2):
     from course.data import load_text, tokenize
 
     return tokenize(smollm2[1], load_text("austen", "pride_and_prejudice"), 1024)
+
+
+@pytest.fixture(scope="session")
+def graded_release(tmp_path_factory) -> tuple[Path, Path]:
+    """(folder of student copies, grading key): a release for graded use of every solution notebook, answers
+    hidden, its capstone passages drawn from seed 0."""
+    from course.instructor.release import release
+
+    folder = tmp_path_factory.mktemp("graded-release")
+    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
+    release(notebooks, folder / "student", hidden_answers=True, key_path=folder / "key.json", seed=0)
+    return folder / "student", folder / "key.json"
+
+
+@pytest.fixture(scope="session")
+def grading_key(graded_release) -> Path:
+    """The grading key of ``graded_release``."""
+    return graded_release[1]

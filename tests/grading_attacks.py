@@ -14,15 +14,16 @@ from tests.grading_helpers import NOTEBOOKS, submission
 SOLUTION = NOTEBOOKS / "01_kv_cache.ipynb"
 BLANK = NOTEBOOKS / "student" / "01_kv_cache.ipynb"
 EXERCISES = ("01.attention_step", "01.kv_cache_bytes", "01.generate_greedy")  # the ones the attacks aim at
-POINTS = 11  # notebook 01 in all: 4 exercises and 4 questions, a point each, and the build exercise (3 points)
+POINTS = 14  # notebook 01 in all: 4 exercises and 4 questions, a point each, and the build exercise (6 points)
+FORWARDED = 3  # the three exercises above, a point each
 
 # Replaces the grading functions in the kernel before any check runs (the exercises are not done).
 PATCH_THE_CHECKER = """
 import course.exercises, course.exercises.core as _core
 _core.result_of = lambda ex, fn: ("pass", "correct")
 _original_check = _core.check
-def _lenient_check(id, fn, autofill=False):
-    return _original_check(id, fn, autofill=True)
+def _lenient_check(id, fn, autofill=False, **kwargs):
+    return _original_check(id, fn, autofill=True, **kwargs)
 _core.check = course.exercises.check = check = _lenient_check
 """
 
@@ -36,7 +37,7 @@ for _path in [os.environ.get("COURSE_GRADE_OUT")] + glob.glob("/tmp/course-grade
         with open(_path, "a") as _f:
             _f.write(_records)
 if os.environ.get("COURSE_GRADER_SOCKET"):
-    from course.instructor.grading import wire
+    from course.exercises import wire
     for _e in %r:
         _s = socket.socket(socket.AF_UNIX)
         _s.connect(os.environ["COURSE_GRADER_SOCKET"])
@@ -45,19 +46,26 @@ if os.environ.get("COURSE_GRADER_SOCKET"):
         _s.close()
 """ % (EXERCISES, EXERCISES)
 
+# Each exercise handed back to the course's own implementation of it (what the checkers call shortcuts).
 FORWARD = {
-    "attention_step": "from course.exercises import nb01 as _ref\n"
-                      "def attention_step(q, k_new, v_new, K, V):\n    return _ref.attention_step(q, k_new, v_new, K, V)\n",
-    "kv_cache_bytes": "from course.exercises.nb01 import kv_cache_bytes\n",
-    "generate_greedy": "from course.exercises import nb01 as _ref\n"
-                       "def generate_greedy(model, prompt, n_new):\n    return _ref.generate_greedy(model, prompt, n_new)\n",
+    "attention_step": "from course.models.attend import attend\n"
+                      "def attention_step(q, k_new, v_new, K, V):\n"
+                      "    K, V = torch.cat([K, k_new[None]]), torch.cat([V, v_new[None]])\n"
+                      "    return attend(q[None, None, None], K[None, None], V[None, None])[0][0, 0, 0], K, V\n",
+    "kv_cache_bytes": "from course.kvcache import cache_bytes_per_token\n"
+                      "def kv_cache_bytes(n_layers, kv_heads, head_dim, tokens, batch=1, dtype_bytes=2):\n"
+                      "    return cache_bytes_per_token(n_layers, kv_heads, head_dim, dtype_bytes) * tokens * batch\n",
+    "generate_greedy": "from course.generate import sample_batch\n"
+                       "def generate_greedy(model, prompt, n_new):\n"
+                       "    return torch.cat([prompt, sample_batch(model, prompt, max_new_tokens=n_new)[0]], 1)\n",
 }
 
-# Forwarding that no grep for the module's name finds: only watching the calls does.
+# The same, reached by a route no grep for a name finds: only watching the calls does.
 FORWARD_QUIETLY = {
     name: "import sys\n"
           f"def {name}(*args, **kwargs):\n"
-          f"    return getattr(sys.modules['course.' + 'exercises.nb01'], {name!r})(*args, **kwargs)\n"
+          f"    fallback = getattr(sys.modules['course.' + 'exercises.core'], 'RE' + 'GISTRY')['01.{name}'].fallback\n"
+          "    return fallback(*args, **kwargs)\n"
     for name in ("attention_step", "kv_cache_bytes", "generate_greedy")
 }
 
@@ -95,7 +103,7 @@ _daemon = textwrap.dedent(r"""
                 continue
             seen.add(sock_path)
             try:
-                from course.instructor.grading import wire
+                from course.exercises import wire
                 for e in %r:
                     s = socket.socket(socket.AF_UNIX)
                     s.connect(sock_path)
@@ -145,8 +153,8 @@ def build_class(root: Path, pid_file: Path) -> dict[str, int]:
     submission(root / "g_never_ends", SOLUTION, extra_cell=NEVER_ENDS)
     submission(root / "h_flooder", SOLUTION, extra_cell=FLOOD)
     submission(root / "i_victim", SOLUTION)
-    # the saboteur and the forger name the grader's socket variables, the forwarder imports the references: their
-    # passing exercises go to review; the quiet forwarder's other exercises (not forwarded) still count
-    quiet = POINTS - len(FORWARD_QUIETLY)
-    return {"a_honest": POINTS, "b_patcher": 0, "c_forger": 0, "d_forwarder": 0, "e_quiet_forwarder": quiet,
-            "f_saboteur": 0, "g_never_ends": POINTS, "h_flooder": POINTS, "i_victim": POINTS}
+    # the saboteur and the forger name the grader's socket variables: their passing exercises go to review; the
+    # forwarders' other exercises (not forwarded) still count
+    return {"a_honest": POINTS, "b_patcher": 0, "c_forger": 0, "d_forwarder": POINTS - FORWARDED,
+            "e_quiet_forwarder": POINTS - FORWARDED, "f_saboteur": 0, "g_never_ends": POINTS, "h_flooder": POINTS,
+            "i_victim": POINTS}

@@ -1,6 +1,7 @@
 """The exercises of the ramp (bytes beyond GQA, attention with a sink logit, a policy of one's own, a written conclusion)
-and the checked questions: every checker accepts its reference and rejects realistic wrong versions with the
-right hint; the pieces of the course they rest on (``course.memory``, ``score_policy``) are exact."""
+and the checked questions: every checker accepts the solution notebook's version and rejects realistic wrong
+versions with the right hint; a question is judged against the answer key (beside the solution notebooks, never in
+the package); the pieces of the course they rest on (``course.memory``, ``score_policy``) are exact."""
 
 from __future__ import annotations
 
@@ -15,20 +16,32 @@ import torch
 import course.exercises  # noqa: F401  (registers every exercise)
 from course.evaluate import continuation_nll
 from course.exercises import REGISTRY
-from course.exercises.core import result_of
+from course.exercises.core import Wrong, result_of
 from course.exercises.fixtures import tiny_model
-from course.exercises.nb06 import softmax_with_sink
-from course.exercises.questions import QUESTIONS, normalise_choice
+from course.exercises.questions import BY_ID, QUESTIONS, judge, normalise_choice
 from course.memory import CONFIGS, cache_numbers_per_token, kv_bytes_per_token
 from course.function_policy import score_policy
 from course.policies import H2O, PROTECTED, SlidingWindow
 
+from tests.solutions import answer_key, solution
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
+def softmax_with_sink(scores, sink_logit):
+    return solution("06.softmax_with_sink")(scores, sink_logit)
+
+
 # ----------------------------------------------------------------------------- wrong implementations
+def _numbers(config) -> int:  # written out here: the wrong versions must not use the course's own formula
+    if "kv_lora_rank" in config:
+        return config["n_layers"] * (config["kv_lora_rank"] + config["rope_dim"])
+    return 2 * config["n_layers"] * config["kv_heads"] * config["head_dim"]
+
+
 def _bytes(config, bits=16, group_size=None, **change):
-    return kv_bytes_per_token({**config, **change}, bits, group_size)
+    numbers = _numbers({**config, **change})
+    return numbers * 2 if bits == 16 else numbers * bits // 8 + numbers // group_size * 4
 
 
 def _mla_with_k_and_v(config, bits=16, group_size=None):  # a latent counted twice, like K and V
@@ -42,7 +55,7 @@ def _mla_without_rope_key(config, bits=16, group_size=None):
 
 
 def _no_group_overhead(config, bits=16, group_size=None):
-    return cache_numbers_per_token(config) * bits // 8
+    return _numbers(config) * bits // 8
 
 
 def _query_heads(config, bits=16, group_size=None):
@@ -50,7 +63,7 @@ def _query_heads(config, bits=16, group_size=None):
 
 
 def _scale_without_zero_point(config, bits=16, group_size=None):
-    numbers = cache_numbers_per_token(config)
+    numbers = _numbers(config)
     return numbers * bits // 8 + (numbers // group_size * 2 if bits < 16 else 0)
 
 
@@ -143,37 +156,58 @@ def _answer(value) -> Callable:
     return lambda: value
 
 
-# Every question: two of its listed wrong answers, each with the hint it must get.
+def _key_verdict(qid: str, fn: Callable) -> tuple[str, str]:
+    """A question's verdict as the grader gives it: well-formed (the checker), then right (the answer key)."""
+    status, feedback = result_of(REGISTRY[qid], fn)
+    if status != "pass":
+        return status, feedback
+    try:
+        judge(BY_ID[qid], answer_key()[qid].entry(), fn())
+    except Wrong as e:
+        return "wrong", str(e)
+    return "pass", "correct"
+
+
+# Every question: two of its listed wrong answers, each with the hint it must get (from the answer key).
 WRONG_QUESTIONS: dict[str, list[tuple[Callable, str]]] = {
-    q.id: [(_answer(wrong), hint) for wrong, hint in list(q.hints.items())[:2]] for q in QUESTIONS
+    q.id: [(_answer(wrong), hint) for wrong, hint in list(answer_key()[q.id].hints.items())[:2]] for q in QUESTIONS
 }
 
-RAMP_CASES = [(e, i) for wrong in (WRONG_RAMP, WRONG_QUESTIONS) for e in sorted(wrong) for i in range(len(wrong[e]))]
+RAMP_CASES = [(e, i) for e in sorted(WRONG_RAMP) for i in range(len(WRONG_RAMP[e]))]
+QUESTION_CASES = [(e, i) for e in sorted(WRONG_QUESTIONS) for i in range(len(WRONG_QUESTIONS[e]))]
 
 
-def _wrong(exercise_id: str) -> list[tuple[Callable, str]]:
-    return (WRONG_RAMP | WRONG_QUESTIONS)[exercise_id]
+@pytest.mark.parametrize("exercise_id", sorted(e for e in WRONG_RAMP if e != "07.conclusion"))
+def test_solution_passes(exercise_id):
+    assert result_of(REGISTRY[exercise_id], solution(exercise_id)) == ("pass", "correct")
 
 
-@pytest.mark.parametrize("exercise_id", sorted(WRONG_RAMP | WRONG_QUESTIONS))
-def test_reference_passes(exercise_id):
-    ex = REGISTRY[exercise_id]
-    assert result_of(ex, ex.reference) == ("pass", "correct")
+@pytest.mark.parametrize("exercise_id", sorted(WRONG_QUESTIONS))
+def test_solution_notebooks_answer_agrees_with_the_key(exercise_id):
+    assert _key_verdict(exercise_id, solution(exercise_id)) == ("pass", "correct")
 
 
 @pytest.mark.parametrize("exercise_id, index", RAMP_CASES)
 def test_wrong_version_gets_its_hint(exercise_id, index):
-    fn, hint = _wrong(exercise_id)[index]
+    fn, hint = WRONG_RAMP[exercise_id][index]
     status, feedback = result_of(REGISTRY[exercise_id], fn)
+    assert status == "wrong" and hint in feedback, (status, feedback)
+
+
+@pytest.mark.parametrize("exercise_id, index", QUESTION_CASES)
+def test_wrong_answer_gets_its_hint(exercise_id, index):
+    fn, hint = WRONG_QUESTIONS[exercise_id][index]
+    status, feedback = _key_verdict(exercise_id, fn)
     assert status == "wrong" and hint in feedback, (status, feedback)
 
 
 def test_choose_policy_tie_goes_to_the_smaller_cache():
     check = REGISTRY["07.choose_policy"]
+    reference = solution("07.choose_policy")
     rows = [{"policy": "a", "tokens": 120, "ppl": 5.0}, {"policy": "b", "tokens": 110, "ppl": 5.0},
             {"policy": "c", "tokens": 100, "ppl": 6.0}]
-    assert check.reference(rows, "ppl", 200, False) == "b"
-    assert check.reference(rows, "ppl", 115, False) == "b" and check.reference(rows, "ppl", 105, False) == "c"
+    assert reference(rows, "ppl", 200, False) == "b"
+    assert reference(rows, "ppl", 115, False) == "b" and reference(rows, "ppl", 105, False) == "c"
 
     def first_of_the_best(rows, metric, max_tokens, higher_is_better):  # ties to list order
         fitting = [r for r in rows if r["tokens"] <= max_tokens]
@@ -206,33 +240,40 @@ def test_every_notebook_has_at_least_three_graded_exercises():
 
 @pytest.mark.parametrize("question", QUESTIONS, ids=lambda q: q.id)
 def test_hints_never_give_the_answer(question):
-    texts = [question.nudge, *question.hints.values()]
-    assert question.answer not in question.hints
-    if question.is_choice:
-        assert all(f"({question.answer})" not in t for t in texts)
+    key = answer_key()[question.id]
+    texts = [key.nudge, *key.hints.values()]
+    assert key.answer not in key.hints
+    if question.kind == "choice":
+        assert all(f"({key.answer})" not in t for t in texts)
     else:
-        spelled = {f"{question.answer:g}", f"{question.answer:,}"}
+        spelled = {f"{key.answer:g}", f"{key.answer:,}"}
         assert not any(s in t for s in spelled for t in texts), (question.id, spelled)
-    for wrong, hint in question.hints.items():  # every listed wrong answer gets its own hint
-        assert result_of(REGISTRY[question.id], _answer(wrong)) == ("wrong", hint)
+    for wrong, hint in key.hints.items():  # every listed wrong answer gets its own hint
+        assert _key_verdict(question.id, _answer(wrong)) == ("wrong", hint)
 
 
 def test_answers_are_read_leniently_but_only_as_answers():
-    choice = REGISTRY["02.q_why_collapse"]
     for spelled in ("d", "D", " (d) ", "d)"):
-        assert result_of(choice, _answer(spelled)) == ("pass", "correct"), spelled
+        assert _key_verdict("02.q_why_collapse", _answer(spelled)) == ("pass", "correct"), spelled
     for bad in ("z", "bc", 2, None):
-        status, feedback = result_of(choice, _answer(bad))
+        status, feedback = _key_verdict("02.q_why_collapse", _answer(bad))
         assert status == "wrong" and "answer with one letter" in feedback, (bad, feedback)
-    number = REGISTRY["02.q_first_eviction"]
-    assert result_of(number, _answer(64.0)) == ("pass", "correct")
-    assert result_of(number, _answer(torch.tensor(64))) == ("pass", "correct")
+    assert _key_verdict("02.q_first_eviction", _answer(64.0)) == ("pass", "correct")
+    assert _key_verdict("02.q_first_eviction", _answer(torch.tensor(64))) == ("pass", "correct")
     for bad in ("64", True, float("nan"), [64]):
-        status, feedback = result_of(number, _answer(bad))
+        status, feedback = _key_verdict("02.q_first_eviction", _answer(bad))
         assert status == "wrong" and "answer with a number" in feedback, (bad, feedback)
-    status, feedback = result_of(number, _answer(1000))  # a wrong answer no hint lists gets the nudge
+    status, feedback = _key_verdict("02.q_first_eviction", _answer(1000))  # an unlisted wrong answer: the nudge
     assert status == "wrong" and "t - W + 1" in feedback
     assert normalise_choice("(c)") == "c" and normalise_choice("cat") is None
+
+
+def test_without_the_key_a_question_is_only_checked_for_its_form():
+    """The package cannot tell a right answer from a wrong one: both are well-formed."""
+    right, wrong = answer_key()["02.q_why_collapse"].answer, "a"
+    assert right != wrong
+    assert result_of(REGISTRY["02.q_why_collapse"], _answer(right)) == result_of(REGISTRY["02.q_why_collapse"],
+                                                                                 _answer(wrong)) == ("pass", "correct")
 
 
 def test_an_unanswered_question_is_not_done():

@@ -282,7 +282,7 @@ def test_fetch_on_a_read_only_cache(capsys, cache_copy, read_only):
 
 
 @pytest.mark.parametrize("command", [["bench", "--quick"], ["grade", "x.ipynb"]])
-def test_output_folder_is_checked_before_the_work(capsys, tmp_path, monkeypatch, command):
+def test_output_folder_is_checked_before_the_work(capsys, tmp_path, monkeypatch, command, grading_key):
     import course.instructor.bench as bench_module
     from course.instructor.grading import grade as grade_module
 
@@ -293,7 +293,7 @@ def test_output_folder_is_checked_before_the_work(capsys, tmp_path, monkeypatch,
     if command[0] == "grade":  # an existing submission: the paths are checked first
         (tmp_path / "alice").mkdir()
         (tmp_path / "alice" / "x.ipynb").write_text("{}")
-        command = ["grade", str(tmp_path / "alice" / "x.ipynb")]
+        command = ["grade", str(tmp_path / "alice" / "x.ipynb"), "--key", str(grading_key)]
     line = assert_one_error_line(*run_cli(capsys, *command, "--out", str(a_file / "sub"))[::2],
                                  r"--out .* (is not a writable folder|cannot be written to) \(Not a directory\)")
     assert str(a_file) in line and a_file.read_text() == "x"
@@ -526,7 +526,7 @@ def test_check_autofill_takes_only_booleans(autofill, monkeypatch):
     get("01.kv_cache_bytes")
     monkeypatch.delenv("COURSE_GRADE_OUT", raising=False)
     with pytest.raises(TypeError, match=rf"autofill must be True or False, got {re.escape(repr(autofill))}"):
-        check("01.kv_cache_bytes", REGISTRY["01.kv_cache_bytes"].reference, autofill=autofill)
+        check("01.kv_cache_bytes", REGISTRY["01.kv_cache_bytes"].fallback, autofill=autofill)
 
 
 def test_train_config_and_fetch_arguments():

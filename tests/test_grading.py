@@ -1,4 +1,5 @@
-"""Graded exercises: every checker's hints, ``check``, the student release and the autograder."""
+"""Graded exercises: every checker's hints, ``check``, the student release and the autograder. The solutions come
+from the solution notebooks (``tests.solutions``): the package holds none."""
 
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ import torch.nn.functional as F
 
 import course.exercises  # noqa: F401  (registers every exercise)
 from course.__main__ import main
-from course.exercises import REGISTRY, ExerciseFailed, NotDoneYet, check
-from course.exercises.core import AUTOFILL_ENV, result_of
+from course.exercises import REGISTRY, ExerciseFailed, NotDoneYet, check, nb01, nb02, nb05, nb07
+from course.exercises.core import AUTOFILL_ENV, _judge, result_of
+from course.exercises.serve import SOCKET_ENV
 from course.instructor.grading.grade import grade
-from course.instructor.release import BANNER_ID, ReleaseError, check_release, release
 from course.instructor.grading.submissions import find_submissions
-from course.instructor.grading.worker import SOCKET_ENV
+from course.instructor.release import BANNER_ID, ReleaseError, check_release, release
 from course.models.llama import rope
 from tests.grading_helpers import submission as _submission
+from tests.solutions import solution
 from tests.test_policy_exercises import WRONG_POLICIES  # the policy exercises' wrong versions, tested there
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -96,7 +98,7 @@ def _cache_tokens(policy, budget, prompt, generated, **wrong: Callable):
     """The reference, except for the policies in ``wrong`` (name -> wrong rule of (budget, prompt, generated))."""
     if policy in wrong:
         return wrong[policy](budget, prompt, generated)
-    return REGISTRY["07.cache_tokens"].reference(policy, budget, prompt, generated)
+    return solution("07.cache_tokens")(policy, budget, prompt, generated)
 
 
 def _best_ignoring_budget(rows, metric, max_tokens, higher_is_better):
@@ -250,7 +252,7 @@ WRONG: dict[str, list[tuple[Callable, str]]] = {
 
 
 def test_every_exercise_has_wrong_versions():
-    from tests.test_build_exercises import WRONG_BUILD  # the build exercises and the capstone
+    from tests.known_wrong import WRONG_BUILD  # the build exercises
     from tests.test_exercises_ramp import WRONG_QUESTIONS, WRONG_RAMP  # the ramp's exercises and the questions
 
     every = {**WRONG, **WRONG_POLICIES, **WRONG_RAMP, **WRONG_QUESTIONS, **WRONG_BUILD}
@@ -260,10 +262,50 @@ def test_every_exercise_has_wrong_versions():
     assert all(len(versions) >= 2 for versions in every.values())
 
 
-@pytest.mark.parametrize("exercise_id", sorted(REGISTRY))
-def test_reference_passes(exercise_id):
+CHECKED_LOCALLY = sorted(e for e, ex in REGISTRY.items() if ex.kind not in ("question", "writing"))
+
+
+@pytest.mark.parametrize("exercise_id", CHECKED_LOCALLY)
+def test_solution_passes(exercise_id):
+    assert result_of(REGISTRY[exercise_id], solution(exercise_id)) == ("pass", "correct")
+
+
+class _Unguarded:
+    """The checkers' model without its guard: the whole forward and policies allowed, nothing counted."""
+
+    def __init__(self, model, *args, **kwargs) -> None:
+        self._model, self.calls, self.key_rows = model, [], [0]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def __call__(self, ids, *args, **kwargs):
+        self.calls.append(int(ids.shape[-1]))
+        return self._model(ids, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+@pytest.mark.parametrize("exercise_id", sorted(e for e, ex in REGISTRY.items()
+                                                if ex.fallback is not None and ex.kind != "writing"))
+def test_autofills_fallback_is_right_and_a_shortcut_where_the_exercise_builds(exercise_id, monkeypatch):
+    """AUTOFILL's stand-in passes the checker (the builds' with the model unguarded: it is the course's own
+    mechanism, which the guard refuses); in the builds (and wherever it uses a listed shortcut) it is reported as
+    the course's own implementation, so copying it earns nothing."""
     ex = REGISTRY[exercise_id]
-    assert result_of(ex, ex.reference) == ("pass", "correct")
+    with monkeypatch.context() as unguarded:
+        for module in (nb01, nb02, nb05, nb07):
+            unguarded.setattr(module, "GuardedModel", _Unguarded)
+        assert _judge(ex, ex.fallback, None) == ("pass", "correct", ex.points)
+    status, feedback = result_of(ex, ex.fallback)
+    if ex.kind == "capstone":  # measured by what it achieves: StreamingLLM's scores earn part of the points
+        assert status == "pass", feedback
+    else:
+        assert status == "forwarded" and "the course's own implementation" in feedback, feedback
 
 
 @pytest.mark.parametrize("exercise_id, index", [(e, i) for e in sorted(WRONG) for i in range(len(WRONG[e]))])
@@ -301,14 +343,14 @@ def interactive(monkeypatch):
 
 
 def test_check_pass_returns_the_students_function(capsys, interactive):
-    fn = REGISTRY["01.kv_cache_bytes"].reference
+    fn = solution("01.kv_cache_bytes")
     student = lambda *a, **k: fn(*a, **k)  # noqa: E731
     assert check("01.kv_cache_bytes", student, autofill=False) is student
     assert "✓" in capsys.readouterr().out
 
 
 def test_check_not_done_and_autofill(capsys, monkeypatch, interactive):
-    reference = REGISTRY["01.kv_cache_bytes"].reference
+    reference = REGISTRY["01.kv_cache_bytes"].fallback
     with pytest.raises(NotDoneYet, match="AUTOFILL"):
         check("01.kv_cache_bytes", _not_done, autofill=False)
     assert check("01.kv_cache_bytes", _not_done, autofill=True) is reference
@@ -325,10 +367,11 @@ def test_check_wrong_raises_with_the_hint(monkeypatch, interactive):
 
 def test_check_in_grading_mode_carries_on_silently(capsys, monkeypatch):
     """Under the autograder (here with no grader listening) check never stops the notebook and prints
-    nothing: the student's function when it passes locally, else the reference."""
+    nothing: the student's function when it passes locally, else the course's fallback."""
     monkeypatch.setenv(SOCKET_ENV, "/nonexistent/grader.sock")
-    reference = REGISTRY["01.kv_cache_bytes"].reference
-    student = lambda *a, **k: reference(*a, **k)  # noqa: E731
+    reference = REGISTRY["01.kv_cache_bytes"].fallback
+    right = solution("01.kv_cache_bytes")
+    student = lambda *a, **k: right(*a, **k)  # noqa: E731
     assert check("01.kv_cache_bytes", _no_factor_two, autofill=False) is reference
     assert check("01.kv_cache_bytes", _not_done, autofill=False) is reference
     assert check("01.kv_cache_bytes", student, autofill=False) is student
@@ -468,7 +511,7 @@ NO_FACTOR_TWO = ("def kv_cache_bytes(n_layers, kv_heads, head_dim, tokens, batch
 
 
 @pytest.fixture(scope="module")
-def gradebook(tmp_path_factory, released) -> dict[str, list[dict]]:
+def gradebook(tmp_path_factory, released, grading_key) -> dict[str, list[dict]]:
     """One grading run over several submissions of notebook 01, rows by student."""
     root = tmp_path_factory.mktemp("submissions")
     solution = NOTEBOOKS / "01_kv_cache.ipynb"
@@ -481,7 +524,7 @@ def gradebook(tmp_path_factory, released) -> dict[str, list[dict]]:
     (root / "unreadable" / "01_kv_cache.ipynb").write_text("{ not json")
     (root / "dave").mkdir()
     (root / "dave" / "42_unknown.ipynb").write_text("{}")
-    rows = grade([root], timeout=300)
+    rows = grade([root], timeout=300, key=grading_key)
     by_student: dict[str, list[dict]] = {}
     for r in rows:
         by_student.setdefault(r["student"], []).append(r)
@@ -524,26 +567,26 @@ def test_notebooks_that_cannot_run_still_get_rows(gradebook):
     assert unknown["status"] == "error" and "notebook 42" in unknown["feedback"] and unknown["max_points"] == 0
 
 
-def test_overall_time_limit(tmp_path):
+def test_overall_time_limit(tmp_path, grading_key):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("import time\ntime.sleep(60)"),
         nbformat.v4.new_code_cell('kv_cache_bytes = check("01.kv_cache_bytes", kv_cache_bytes)'),
     ])
     nbformat.write(nb, tmp_path / "erin__01_kv_cache.ipynb")
-    rows = _by_exercise(grade([tmp_path], timeout=60, total_timeout=3, layout="flat"))
+    rows = _by_exercise(grade([tmp_path], timeout=60, total_timeout=3, layout="flat", key=grading_key))
     assert rows["01.kv_cache_bytes"]["status"] == "not_reached"
     assert "overall time limit of 3 s in cell 1 (`import time`)" in rows["01.kv_cache_bytes"]["feedback"]
     assert "no cell of the notebook checks this exercise" in rows["01.attention_step"]["feedback"]
 
 
-def test_endless_loop_is_cut_off(tmp_path, capsys):
+def test_endless_loop_is_cut_off(tmp_path, capsys, grading_key):
     solution = NOTEBOOKS / "01_kv_cache.ipynb"
     _submission(tmp_path / "subs" / "loop", solution, {
         "attention_step": "def attention_step(q, k_new, v_new, K, V):\n    while True:\n        pass\n",
         "generate_greedy": "def generate_greedy(model, prompt, n_new):\n    return 1 / 0\n",
     })
     out = tmp_path / "gradebook"
-    assert main(["grade", str(tmp_path / "subs"), "--timeout", "20", "--out", str(out)]) == 0
+    assert main(["grade", str(tmp_path / "subs"), "--timeout", "20", "--out", str(out), "--key", str(grading_key)]) == 0
     assert f"total loop: {P_01 - 2}/{P_01}" in capsys.readouterr().out  # all but the looping and the raising one
     rows = _by_exercise(json.loads((out / "gradebook.json").read_text()))
     looping, raising = rows["01.attention_step"], rows["01.generate_greedy"]
@@ -551,3 +594,8 @@ def test_endless_loop_is_cut_off(tmp_path, capsys):
     assert raising["status"] == "error" and "ZeroDivisionError" in raising["feedback"]
     assert rows["01.kv_cache_bytes"]["points"] == 1
     assert (out / "gradebook.csv").read_text().splitlines()[0].startswith("student,notebook,exercise,points")
+
+
+def test_autofill_never_writes_a_conclusion():
+    ex = REGISTRY["07.conclusion"]
+    assert result_of(ex, ex.fallback)[0] == "wrong" and "AUTOFILL" in ex.fallback()

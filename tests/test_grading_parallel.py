@@ -30,8 +30,8 @@ OUTCOMES = {
 }
 
 
-def _grade(*args: str) -> None:
-    assert main(["grade", *args, "--timeout", "60", "--json"]) == 0
+def _grade(key: Path, *args: str) -> None:
+    assert main(["grade", *args, "--timeout", "60", "--json", "--key", str(key)]) == 0
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -39,14 +39,14 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory) -> dict:
+def graded(tmp_path_factory, grading_key) -> dict:
     """The class (one submission per outcome, one that cannot be attributed), graded once serially."""
     root = tmp_path_factory.mktemp("parallel")
     for student, cells in OUTCOMES.items():
         tiny(root / "class" / student / "01_kv_cache.ipynb", *cells)
     tiny(root / "class" / "01_loose.ipynb", GOOD, CHECK)  # not in a student's folder: one error row
-    _grade(str(root / "class"), "--jobs", "1", "--out", str(root / "serial"))
-    return {"root": root, "class": root / "class", "serial": _files(root / "serial")}
+    _grade(grading_key, str(root / "class"), "--jobs", "1", "--out", str(root / "serial"))
+    return {"root": root, "class": root / "class", "serial": _files(root / "serial"), "key": grading_key}
 
 
 def test_the_serial_gradebook_has_every_outcome(graded):
@@ -58,10 +58,10 @@ def test_the_serial_gradebook_has_every_outcome(graded):
 
 def test_two_jobs_give_the_serial_gradebook_and_resume(graded, capsys):
     out = graded["root"] / "jobs2"
-    _grade(str(graded["class"]), "--jobs", "2", "--out", str(out))
+    _grade(graded["key"], str(graded["class"]), "--jobs", "2", "--out", str(out))
     assert _files(out) == graded["serial"]
     capsys.readouterr()
-    assert main(["grade", str(graded["class"]), "--jobs", "2", "--out", str(out)]) == 0  # nothing new
+    assert main(["grade", str(graded["class"]), "--jobs", "2", "--out", str(out), "--key", str(graded["key"])]) == 0
     printed = capsys.readouterr().out
     assert "grading " not in printed and printed.count("unchanged since it was graded, kept") == 5
     assert _files(out) == graded["serial"]
@@ -82,7 +82,8 @@ def test_the_split_depends_on_student_and_file_name_only(graded, tmp_path):
 def test_shards_in_separate_processes_merge_to_the_serial_gradebook(graded, capsys):
     root, env = graded["root"], {**os.environ, "PYTHONPATH": str(ROOT)}
     tasks = [subprocess.Popen([sys.executable, "-m", "course", "grade", str(graded["class"]), "--shard", f"{i}/3",
-                               "--jobs", "1", "--timeout", "60", "--out", str(root / f"shard-{i}")],
+                               "--jobs", "1", "--timeout", "60", "--out", str(root / f"shard-{i}"),
+                               "--key", str(graded["key"])],
                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for i in range(3)]
     for task in tasks:
@@ -101,7 +102,7 @@ def _shard_folder(folder: Path, shard: str, submissions: list[str], complete: bo
     folder.mkdir(parents=True)
     index, count = map(int, shard.split("/"))
     row = dict(student="s", notebook="01", exercise="01.kv_cache_bytes", points=1, max_points=1, status="pass",
-               feedback="", sha256="0")
+               feedback="", sha256="0", cells_failed="")
     rows = [{**row, "submission": s} for s in (submissions if graded is None else graded)]
     (folder / "gradebook.json").write_text(json.dumps(rows))
     (folder / RECORD).write_text(json.dumps({"shard": shard, "index": index, "count": count, "paths": [count_paths],
@@ -140,11 +141,11 @@ def test_merge_refuses_shards_that_do_not_add_up(tmp_path, capsys, case, message
     assert not (tmp_path / "merged").exists()
 
 
-def test_a_shard_folder_is_not_reused_by_another_run(tmp_path, capsys):
+def test_a_shard_folder_is_not_reused_by_another_run(tmp_path, capsys, grading_key):
     folder = _shard_folder(tmp_path / "s0", "0/3", [])
     tiny(tmp_path / "class" / "alice" / "01_kv_cache.ipynb", GOOD, CHECK)
     for other in (["--shard", "1/3"], []):
-        assert main(["grade", str(tmp_path / "class"), "--out", str(folder), *other]) == 2
+        assert main(["grade", str(tmp_path / "class"), "--out", str(folder), "--key", str(grading_key), *other]) == 2
         assert "holds the gradebook of shard 0/3" in capsys.readouterr().err
 
 
@@ -154,13 +155,13 @@ def test_a_shard_folder_is_not_reused_by_another_run(tmp_path, capsys):
 ])
 def test_bad_jobs_and_shards_are_one_clear_line(tmp_path, capsys, flag, value, allowed):
     with pytest.raises(SystemExit) as exit_:
-        main(["grade", str(tmp_path), flag, value])
+        main(["grade", str(tmp_path), flag, value, "--key", "key.json"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and f"argument {flag}: must be" in err and allowed in err, err
     assert err.count("\n") == 1 and f"got {value!r}" in err
 
 
-def test_sigint_with_two_kernels_running_leaves_nothing(tmp_path):
+def test_sigint_with_two_kernels_running_leaves_nothing(tmp_path, grading_key):
     started = tmp_path / "started"
     started.mkdir()
     tiny(tmp_path / "class" / "a_quick" / "01_kv_cache.ipynb", GOOD, CHECK)
@@ -171,7 +172,8 @@ def test_sigint_with_two_kernels_running_leaves_nothing(tmp_path):
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch), "COURSE_TEST_MARK": mark, "PYTHONPATH": str(ROOT)}
     grader = subprocess.Popen([sys.executable, "-m", "course", "grade", str(tmp_path / "class"), "--out", str(out),
-                               "--jobs", "2", "--timeout", "600"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                               "--jobs", "2", "--timeout", "600", "--key", str(grading_key)], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while len(list(started.iterdir())) < 2:  # the quick one is graded, then both slow kernels sleep

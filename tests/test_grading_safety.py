@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from course.__main__ import main
-from course.instructor.grading import wire
+from course.exercises import wire
 from course.instructor.grading.grade import Limits, grade
 from course.instructor.grading.gradebook import Gradebook, csv_cell
 from course.instructor.release import BANNER_ID, ReleaseError, release
@@ -63,13 +63,13 @@ def test_flat_layout(tmp_path):
     }
 
 
-def test_duplicates_are_reported_not_summed(tmp_path):
+def test_duplicates_are_reported_not_summed(tmp_path, grading_key):
     _touch(tmp_path, "alice/01_kv.ipynb", "alice/again/01_kv_cache.ipynb", "alice/02_x.ipynb")
     subs = {str(s.path.relative_to(tmp_path)): s for s in find_submissions([tmp_path])}
     assert subs["alice/02_x.ipynb"].problem is None
     for name in ("alice/01_kv.ipynb", "alice/again/01_kv_cache.ipynb"):
         assert subs[name].problem.startswith("duplicate: alice has 2 submissions of notebook 01")
-    rows = [r for r in grade([tmp_path], timeout=30) if r["notebook"] == "01"]
+    rows = [r for r in grade([tmp_path], timeout=30, key=grading_key) if r["notebook"] == "01"]
     from course.exercises import REGISTRY
 
     per_copy = sum(1 for name in REGISTRY if name.startswith("01."))  # one row per exercise and question
@@ -78,7 +78,7 @@ def test_duplicates_are_reported_not_summed(tmp_path):
 
 def test_bad_layout_is_one_clear_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["grade", str(tmp_path), "--layout", "mixed"])
+        main(["grade", str(tmp_path), "--layout", "mixed", "--key", "key.json"])
     assert exit_.value.code == 2
     assert "--layout: invalid choice: 'mixed' (choose from 'folders', 'flat')" in capsys.readouterr().err
 
@@ -96,29 +96,29 @@ def test_csv_cells_cannot_be_formulas(tmp_path):
     assert json.loads(book.json_path.read_text())[0]["feedback"] == row["feedback"]
 
 
-def test_unusable_out_is_refused_before_grading(tmp_path, capsys):
+def test_unusable_out_is_refused_before_grading(tmp_path, capsys, grading_key):
     submission = _tiny(tmp_path / "class" / "alice" / "01_kv_cache.ipynb", GOOD, CHECK)
     (tmp_path / "taken").write_text("not a folder")
     start = time.monotonic()
-    assert main(["grade", str(submission.parent.parent), "--out", str(tmp_path / "taken")]) == 2
+    assert main(["grade", str(submission.parent.parent), "--out", str(tmp_path / "taken"), "--key", str(grading_key)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --out") and "is a file, not a folder" in err and "Traceback" not in err
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "gradebook.json").write_text("{ half a file")
-    assert main(["grade", str(submission.parent.parent), "--out", str(tmp_path / "bad")]) == 2
+    assert main(["grade", str(submission.parent.parent), "--out", str(tmp_path / "bad"), "--key", str(grading_key)]) == 2
     assert "is not a readable gradebook" in capsys.readouterr().err
     assert time.monotonic() - start < 5  # refused up front, nothing was run
 
 
-def test_second_run_keeps_unchanged_submissions(tmp_path, capsys):
+def test_second_run_keeps_unchanged_submissions(tmp_path, capsys, grading_key):
     alice = _tiny(tmp_path / "class" / "alice" / "01_kv_cache.ipynb", GOOD, CHECK)
     _tiny(tmp_path / "class" / "bob" / "01_kv_cache.ipynb", GOOD.replace("2 *", "1 *", 1), CHECK)
     out = tmp_path / "book"
-    assert main(["grade", str(tmp_path / "class"), "--out", str(out), "--timeout", "60"]) == 0
+    assert main(["grade", str(tmp_path / "class"), "--out", str(out), "--timeout", "60", "--key", str(grading_key)]) == 0
     first = json.loads((out / "gradebook.json").read_text())
     assert capsys.readouterr().out.count("grading ") == 2
     _tiny(alice, "def kv_cache_bytes(*args, **kwargs):\n    raise NotImplementedError()", CHECK)  # alice changed
-    assert main(["grade", str(tmp_path / "class"), "--out", str(out), "--timeout", "60"]) == 0
+    assert main(["grade", str(tmp_path / "class"), "--out", str(out), "--timeout", "60", "--key", str(grading_key)]) == 0
     printed = capsys.readouterr().out
     assert "bob/01_kv_cache.ipynb: unchanged since it was graded, kept" in printed and printed.count("grading ") == 1
     second = json.loads((out / "gradebook.json").read_text())
@@ -127,13 +127,14 @@ def test_second_run_keeps_unchanged_submissions(tmp_path, capsys):
     assert kv == {"alice": "not_done", "bob": "wrong"}
 
 
-def test_sigterm_leaves_a_valid_partial_gradebook_and_nothing_else(tmp_path):
+def test_sigterm_leaves_a_valid_partial_gradebook_and_nothing_else(tmp_path, grading_key):
     _tiny(tmp_path / "class" / "alice" / "01_kv_cache.ipynb", GOOD, CHECK)
     _tiny(tmp_path / "class" / "bob" / "01_kv_cache.ipynb", "import time\ntime.sleep(600)", GOOD, CHECK)
     out, scratch, mark = tmp_path / "book", tmp_path / "tmp", uuid.uuid4().hex
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch), "COURSE_TEST_MARK": mark, "PYTHONPATH": str(ROOT)}
     grader = subprocess.Popen([sys.executable, "-m", "course", "grade", str(tmp_path / "class"), "--out", str(out),
+                               "--key", str(grading_key),
                                "--timeout", "600"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
     deadline = time.monotonic() + 120
@@ -154,10 +155,11 @@ def test_sigterm_leaves_a_valid_partial_gradebook_and_nothing_else(tmp_path):
     assert _marked_processes(mark) == []  # neither the kernel nor its supervisor
 
 
-def test_a_cell_that_prints_too_much_is_interrupted(tmp_path):
+def test_a_cell_that_prints_too_much_is_interrupted(tmp_path, grading_key):
     flood = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 2**20)\n    sys.stdout.flush()\n"
     _tiny(tmp_path / "class" / "alice" / "01_kv_cache.ipynb", flood + GOOD, CHECK)
-    rows = {r["exercise"]: r for r in grade([tmp_path / "class"], timeout=60, limits=Limits(output_mb=1))}
+    rows = {r["exercise"]: r for r in grade([tmp_path / "class"], timeout=60, limits=Limits(output_mb=1),
+                                            key=grading_key)}
     kv = rows["01.kv_cache_bytes"]  # its function is defined after the flood, so never
     assert kv["status"] == "not_reached" and "OutputLimit: interrupted after printing more than 1 MB" in kv["feedback"]
 
@@ -190,19 +192,24 @@ def test_only_plain_data_crosses_the_wire():
 
 
 def test_kept_objects_expose_calls_and_public_attributes_only():
-    from course.exercises.fixtures import CallCounter, tiny_model
+    from course.exercises.fixtures import tiny_model
+    from course.exercises.guards import GuardedModel
 
     handles = _Handles()
-    counter = CallCounter(tiny_model())
-    ref = handles.export(counter).id
+    model = tiny_model()
+    guarded = GuardedModel(model)
+    ref = handles.export(guarded).id
     assert handles.perform("getattr", ref, "calls", (), {}) == []
     with pytest.raises(AttributeError):
         handles.perform("getattr", ref, "__class__", (), {})
-    load = handles.export(handles.perform("getattr", ref, "load_state_dict", (), {})).id
+    with pytest.raises(AttributeError, match="not available"):  # the guard exposes nothing but its own calls
+        handles.perform("getattr", ref, "load_state_dict", (), {})
+    raw = handles.export(model).id  # a plain module: its torch methods are refused
+    load = handles.export(handles.perform("getattr", raw, "load_state_dict", (), {})).id
     with pytest.raises(TypeError, match="torch methods"):
         handles.perform("call", load, None, ({},), {})
     logits = handles.perform("call", ref, None, (torch.tensor([[1, 2]]),), {}).logits
-    assert logits.shape == (1, 2, 53) and counter.calls == [2]
+    assert logits.shape == (1, 2, 53) and guarded.calls == [2]
 
 
 # ----------------------------------------------------------------------------- release
@@ -290,7 +297,7 @@ def test_the_supervisor_kills_what_detached_itself(tmp_path):
 
 # ----------------------------------------------------------------------------- the instructor extra
 @pytest.mark.parametrize("argv, missing", [
-    (["grade", "class"], "nbclient"), (["release", "--check"], "nbformat"), (["site"], "nbconvert"),
+    (["grade", "class", "--key", "key.json"], "nbclient"), (["release", "--check"], "nbformat"), (["site"], "nbconvert"),
     (["check-outputs"], "nbformat"), (["bench", "--notebooks"], "papermill"),
 ])
 def test_without_the_instructor_extra_each_tool_says_what_to_install(capsys, monkeypatch, argv, missing):

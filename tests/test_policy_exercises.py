@@ -1,7 +1,7 @@
 """The exercises that plug a student's policy decisions into the real cache (notebooks 03-05): the adapter
 (``course.function_policy``) reproduces the course's policies, every checker accepts the reference and other
 correct forms and rejects realistic wrong versions with the right hint, and the autograder scores them
-from its own process."""
+from its own process. The solutions come from the solution notebooks (``tests.solutions``)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,33 @@ from course.function_policy import FunctionPolicy, h2o_policy, snapkv_policy, st
 from course.exercises import REGISTRY
 from course.exercises.core import result_of
 from course.exercises.fixtures import policy_trace, tiny_model, token_ids
-from course.exercises.nb03 import streaming_scores
-from course.exercises.nb04 import h2o_accumulate, h2o_scores
-from course.exercises.nb05 import pool_votes, snapkv_select
 from course.instructor.grading.grade import grade
 from course.models.llama import rope
 from course.policies import make_policy
 from tests.grading_helpers import submission
+from tests.solutions import solution
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def streaming_scores(positions, seen, n_sink):
+    return solution("03.streaming_scores")(positions, seen, n_sink)
+
+
+def h2o_accumulate(acc, weights):
+    return solution("04.h2o_accumulate")(acc, weights)
+
+
+def h2o_scores(acc, positions, seen, recent, mean=False):
+    return solution("04.h2o_scores")(acc, positions, seen, recent, mean)
+
+
+def pool_votes(votes, kernel, kind="max"):
+    return solution("05.pool_votes")(votes, kernel, kind)
+
+
+def snapkv_select(attn, capacity, kernel, pooling, kv_heads):
+    return solution("05.snapkv_select")(attn, capacity, kernel, pooling, kv_heads)
 
 
 # ----------------------------------------------------------------------------- wrong and alternative versions
@@ -244,13 +262,13 @@ SNAPKV_UNPOOLED = ("def snapkv_select(attn, capacity, kernel, pooling, kv_heads)
                    "    return torch.cat([top, torch.arange(s - w, s).expand(kv_heads, w)], dim=-1)\n")
 
 
-def test_the_grader_scores_policy_exercises_from_its_own_process(tmp_path):
+def test_the_grader_scores_policy_exercises_from_its_own_process(tmp_path, grading_key):
     """The checker runs the grader's decode loop; the student's functions answer from the kernel."""
     root = tmp_path / "subs"
     submission(root / "ann" / "ps3", NOTEBOOKS / "03_streaming_llm.ipynb")
     submission(root / "ann" / "ps4", NOTEBOOKS / "04_h2o.ipynb", {"h2o_scores": H2O_ALWAYS_MEAN})
     submission(root / "ann" / "ps5", NOTEBOOKS / "05_snapkv.ipynb", {"snapkv_select": SNAPKV_UNPOOLED})
-    rows = {r["exercise"]: r for r in grade([root], timeout=300)}
+    rows = {r["exercise"]: r for r in grade([root], timeout=300, key=grading_key)}
     for exercise in ("03.cache_positions", "03.streaming_scores", "04.h2o_accumulate", "03.rolling_step",
                      "05.snapkv_compress"):
         assert rows[exercise]["status"] == "pass" and rows[exercise]["points"] == rows[exercise]["max_points"] > 0, \

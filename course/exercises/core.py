@@ -1,4 +1,15 @@
-"""The exercise registry and ``check``, the function every check cell calls."""
+"""The exercise registry and ``check``, the function every check cell calls.
+
+An exercise is checked by *behaviour*: its checker calls the student's function on small cases and compares
+what comes back with the course's public mechanisms (the cache, the policies, the models), never with a copy
+of the solution. The solutions live in the solution notebooks only, and what graded work needs beyond the
+mechanisms (the questions' answers, the capstone's held-out passages) travels in the instructor's key
+(``python -m course release`` writes it, ``python -m course grade --key`` reads it).
+
+Each exercise also names its *shortcuts*: the course's own implementation of what the student is asked to
+build (``course.policies.SnapKV`` for the SnapKV build, ...). A function that calls one while it is checked
+is reported as such, with 0 points, whatever it returns.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +17,15 @@ import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from course.exercises.shortcuts import Watched
 
 __all__ = ["Exercise", "Wrong", "Partial", "ExerciseFailed", "NotDoneYet", "StudentRaised", "REGISTRY", "exercise",
-           "check", "result_of", "outcome"]
+           "check", "result_of", "outcome", "KINDS", "get"]
 
 AUTOFILL_ENV = "COURSE_AUTOFILL"
+KINDS = ("exercise", "build", "question", "capstone", "writing")
 
 
 class Wrong(AssertionError):
@@ -43,27 +58,39 @@ class StudentRaised(Exception):
 
 @dataclass(frozen=True)
 class Exercise:
+    """One graded exercise.
+
+    checker:   raises ``Wrong(hint)`` on a wrong function; compares with the course's mechanisms only;
+    fallback:  what AUTOFILL runs in place of an exercise not done yet, built on the course's mechanisms (None:
+               the notebook does not need the function later);
+    shortcuts: course functions and classes whose use by the student's function is refused (what the exercise
+               asks to build);
+    kind:      "exercise", "build" (a mechanism written from scratch), "question", "capstone" or "writing" (text,
+               checked for presence and length only).
+    """
+
     id: str  # "<notebook>.<name>", e.g. "01.kv_cache_bytes"
     title: str
-    reference: Callable
-    checker: Callable[[Callable], None]  # raises Wrong(hint) on a wrong function
+    checker: Callable[[Callable], None]
     points: int = 1
-    # run by the autograder only, after ``checker`` passed: a measurement the notebook cannot make (hidden
-    # data); raises Partial(hint, points) or Wrong(hint), returns a note for the feedback on full marks
-    graded: Callable[[Callable], str | None] | None = None
+    fallback: Callable | None = None
+    shortcuts: tuple[Any, ...] = ()
+    kind: str = "exercise"
 
 
 REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(id: str, title: str, reference: Callable, points: int = 1,
-             graded: Callable[[Callable], str | None] | None = None):
-    """Decorator that registers a checker for an exercise (``graded``: see ``Exercise``)."""
+def exercise(id: str, title: str, points: int = 1, fallback: Callable | None = None, shortcuts: tuple = (),
+             kind: str = "exercise"):
+    """Decorator that registers a checker for an exercise (see ``Exercise``)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
 
     def register(checker: Callable[[Callable], None]) -> Callable[[Callable], None]:
         if id in REGISTRY:
             raise ValueError(f"exercise {id!r} registered twice")
-        REGISTRY[id] = Exercise(id, title, reference, checker, points, graded)
+        REGISTRY[id] = Exercise(id, title, checker, points, fallback, tuple(shortcuts), kind)
         return checker
 
     return register
@@ -78,19 +105,36 @@ def get(id: str) -> Exercise:
 
 
 def result_of(ex: Exercise, fn: Callable) -> tuple[str, str]:
-    """Run an exercise's checker on ``fn``: ("pass" | "not_done" | "wrong" | "error", feedback)."""
+    """Run an exercise's checker on ``fn``: ("pass" | "not_done" | "wrong" | "error" | "forwarded", feedback)."""
     status, feedback, _ = outcome(ex, fn)
     return status, feedback
 
 
-def outcome(ex: Exercise, fn: Callable, graded: bool = False) -> tuple[str, str, int]:
-    """(status, feedback, points) of ``fn``: ``result_of``'s, and with ``graded`` (the autograder) the
-    exercise's ``graded`` measurement too, which may give "partial" with fewer points."""
+def shortcut_feedback(name: str) -> str:
+    return (f"your function uses {name}, the course's own implementation of what this exercise asks you to write: "
+            "write it yourself (0 points, whatever it returns)")
+
+
+def outcome(ex: Exercise, fn: Callable, measure: Callable[[Callable], str | None] | None = None
+            ) -> tuple[str, str, int]:
+    """(status, feedback, points) of ``fn``. ``measure`` (the autograder's, run after the checker passed) may
+    give "partial" with fewer points, or add a note to the feedback.
+
+    ``fn`` is watched for the exercise's shortcuts while it runs; a function that already watches itself (the
+    grader's stand-in for a function served by a kernel) reports them through its own ``reached``."""
+    watched = fn if hasattr(fn, "reached") else Watched(fn, ex.shortcuts)
+    status, feedback, points = _judge(ex, watched, measure)
+    if watched.reached:
+        return "forwarded", shortcut_feedback(watched.reached), 0
+    return status, feedback, points
+
+
+def _judge(ex: Exercise, fn: Callable, measure: Callable[[Callable], str | None] | None) -> tuple[str, str, int]:
     note = None
     try:
         ex.checker(fn)
-        if graded and ex.graded is not None:
-            note = ex.graded(fn)
+        if measure is not None:
+            note = measure(fn)
     except NotImplementedError:
         return "not_done", "not attempted (the function still raises NotImplementedError)", 0
     except Partial as e:
@@ -110,58 +154,52 @@ def _autofill_from_env() -> bool:
     return os.environ.get(AUTOFILL_ENV, "0") == "1"
 
 
-def check(id: str, fn: Callable, autofill: bool = False, answers: str = "shown") -> Callable:
+def _carry_on_with(ex: Exercise, fn: Callable) -> Callable:
+    """What the notebook runs on with after an exercise that is not right: the fallback, else the function."""
+    return ex.fallback if ex.fallback is not None else fn
+
+
+def check(id: str, fn: Callable, autofill: bool = False, answers: str = "shown", key: str | None = None) -> Callable:
     """Check a student's function for exercise ``id``; return the function to use from now on.
 
-    An exercise not done yet raises ``NotDoneYet``, unless ``autofill`` (the notebook's AUTOFILL
-    parameter) is true or ``COURSE_AUTOFILL=1`` is set: then the reference is returned.
+    An exercise not done yet raises ``NotDoneYet``, unless ``autofill`` (the notebook's AUTOFILL parameter) is
+    true or ``COURSE_AUTOFILL=1`` is set: then the exercise's fallback (built on the course's mechanisms) is
+    returned, so that the notebook runs on.
 
-    In a kernel started by the autograder, the grader checks ``fn`` from its own process (this kernel
-    only answers its calls, see ``course.instructor.grading.worker``); the notebook then carries on, silently,
-    with ``fn`` when a local run of the checker passes and with the reference otherwise.
+    In a kernel started by the autograder, the grader checks ``fn`` from its own process (this kernel only
+    answers its calls, see ``course.exercises.serve``); the notebook then carries on, silently, with ``fn`` when a
+    local run of the checker passes and with the fallback otherwise.
 
-    ``answers="hidden"`` (written by ``python -m course release --hide-answers`` into the questions' check cells):
-    a question's check says only whether the answer is well-formed; the grader decides whether it is right.
+    Questions: ``key`` is the answer and its hints as ``python -m course release`` wrote them into the check cell
+    (answers shown); ``answers="hidden"`` (``release --hide-answers``) says only whether an answer is well-formed.
     """
     if answers not in ("shown", "hidden"):
         raise ValueError(f"answers must be 'shown' or 'hidden', got {answers!r}")
-    from course.instructor.grading import worker
+    from course.exercises import serve
 
     ex = get(id)
-    if worker.grading():
-        worker.serve(id, fn, ex.reference)
-        return fn if result_of(ex, fn)[0] == "pass" else ex.reference
+    if serve.grading():
+        serve.serve(id, fn, ex.shortcuts)
+        return fn if result_of(ex, fn)[0] == "pass" else _carry_on_with(ex, fn)
     if not isinstance(autofill, bool):  # bool("False") is True: a string must not switch it on
         raise TypeError(f"autofill must be True or False, got {autofill!r} ({type(autofill).__name__})")
     autofill = autofill or _autofill_from_env()
-    if answers == "hidden" and ".q_" in id:
-        return _check_form_only(ex, fn, autofill)
+    if ex.kind == "question":
+        from course.exercises.questions import check_question
+
+        return check_question(ex, fn, autofill, key if answers == "shown" else None)
     status, feedback = result_of(ex, fn)
     if status == "pass":
         print(f"✓ {ex.title}: correct.")
         return fn
     if status == "not_done":
         if autofill:
-            print(f"⚠ {ex.title}: not done yet, AUTOFILL is on, so the reference solution is used from here on.")
-            return ex.reference
+            if ex.fallback is None:
+                print(f"⚠ {ex.title}: not done yet, AUTOFILL is on; the notebook does not need it later.")
+                return fn
+            print(f"⚠ {ex.title}: not done yet, AUTOFILL is on, so the course's own implementation is used from here "
+                  "on.")
+            return ex.fallback
         raise NotDoneYet(f"{ex.title} is not done yet: replace `raise NotImplementedError()` with your code "
-                         "(or set AUTOFILL = True in the parameters cell to run on with the reference).")
+                         "(or set AUTOFILL = True in the parameters cell to run on with the course's implementation).")
     raise ExerciseFailed(f"✗ {ex.title}: {feedback}")
-
-
-def _check_form_only(ex: Exercise, fn: Callable, autofill: bool) -> Callable:
-    """A question's check with hidden answers: well-formed or not, never right or wrong."""
-    from course.exercises.questions import check_form
-
-    try:
-        check_form(ex.id, fn)
-    except NotImplementedError:
-        if autofill:
-            print(f"⚠ {ex.title}: not answered yet, AUTOFILL is on.")
-            return fn
-        raise NotDoneYet(f"{ex.title} is not answered yet: replace `raise NotImplementedError()` with your answer "
-                         "(or set AUTOFILL = True in the parameters cell to run on).") from None
-    except Wrong as e:
-        raise ExerciseFailed(f"✗ {ex.title}: {e}") from None
-    print(f"✓ {ex.title}: answer recorded (well-formed); the grader decides whether it is right.")
-    return fn

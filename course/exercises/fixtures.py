@@ -11,10 +11,13 @@ from course.policies import Policy
 from course.streaming import next_token_nll
 
 
-def tiny_model(family: str = "llama", seed: int = 0, n_layer: int = 2, sink_logit: str = "none") -> CausalLM:
-    """A small random model in float64 (fast, and exact enough to compare to 1e-9); ``sink_logit``: see
-    ``ModelConfig`` ("learned" gives every attention layer a per-head logit of an empty slot, here at 0)."""
-    cfg = ModelConfig(family=family, vocab_size=53, n_layer=n_layer, n_head=4, n_kv_head=2 if family == "llama" else 4,
+def tiny_model(family: str = "llama", seed: int = 0, n_layer: int = 2, sink_logit: str = "none",
+               kv_heads: int | None = None) -> CausalLM:
+    """A small random model in float64 (fast, and exact enough to compare to 1e-9): 4 query heads, 2 KV heads for
+    a Llama (GQA) unless ``kv_heads`` says otherwise; ``sink_logit``: see ``ModelConfig`` ("learned" gives every
+    attention layer a per-head logit of an empty slot, here at 0)."""
+    kv = (2 if family == "llama" else 4) if kv_heads is None else kv_heads
+    cfg = ModelConfig(family=family, vocab_size=53, n_layer=n_layer, n_head=4, n_kv_head=kv,
                       d_model=32, head_dim=8, d_ff=48, max_positions=512, name=f"tiny-{family}",
                       sink_logit=sink_logit)
     torch.manual_seed(seed)
@@ -33,20 +36,6 @@ def close(a, b, tol: float = 1e-6) -> bool:
         return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), atol=tol, rtol=tol))
     except (TypeError, RuntimeError, ValueError):
         return False
-
-
-class CallCounter:
-    """Wraps a model and records the number of new tokens of every forward call."""
-
-    def __init__(self, model: CausalLM) -> None:
-        self.model, self.calls = model, []
-
-    def __call__(self, ids, *args, **kwargs):
-        self.calls.append(ids.shape[-1])
-        return self.model(ids, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
 
 
 def token_ids(n: int, vocab: int = 53, seed: int = 0) -> torch.Tensor:

@@ -1,21 +1,24 @@
-"""Notebook 02 (attention sinks): references and checkers."""
+"""Notebook 02 (attention sinks): checkers, each against the course's own mechanisms."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from course.attention import key_mass, sink_mass
+from course.models.attend import attention_weights
 from course.exercises.core import Wrong, exercise
-from course.exercises.fixtures import close
+from course.exercises.fixtures import close, tiny_model
+from course.exercises.guards import GuardedModel
+from course.exercises.hints import hint
+from course.policies import PinSinks, SlidingWindow, StreamingLLM, make_policy
+from course.streaming import decode_stream, evaluate_stream, exact_stream
 
 
 # ----------------------------------------------------------------------------- 1. sink mass
-def sink_mass_per_head(attn: Tensor, k: int = 1, skip: int = 4) -> Tensor:
-    """Mean attention mass on the first ``k`` keys, per head. attn: [H, T, T] -> [H].
-
-    Queries before position ``skip`` are left out (they can only look at the first tokens).
-    """
-    return attn[:, skip:, :k].sum(-1).mean(-1)
+def _sink_mass_with_course(attn: Tensor, k: int = 1, skip: int = 4) -> Tensor:
+    """AUTOFILL's sink mass per head: the course's ``sink_mass`` of one layer's map."""
+    return sink_mass([attn[None]], k, skip)[0]
 
 
 def _random_attention(h: int = 3, t: int = 12, seed: int = 0) -> Tensor:
@@ -26,11 +29,12 @@ def _random_attention(h: int = 3, t: int = 12, seed: int = 0) -> Tensor:
     return torch.softmax(scores.masked_fill(~causal, float("-inf")), -1)
 
 
-@exercise("02.sink_mass_per_head", "Exercise 1 (attention mass on the sink)", sink_mass_per_head)
+@exercise("02.sink_mass_per_head", "Exercise 1 (attention mass on the sink)", fallback=_sink_mass_with_course,
+          shortcuts=(sink_mass, key_mass))
 def _check_sink_mass(fn) -> None:
     attn = _random_attention()
     for k, skip in ((1, 4), (2, 3), (4, 6)):
-        got, want = fn(attn, k, skip), sink_mass_per_head(attn, k, skip)
+        got, want = fn(attn, k, skip), _sink_mass_with_course(attn, k, skip)
         if close(got, want):
             continue
         if close(got, attn[:, :, :k].sum(-1).mean(-1)):
@@ -45,20 +49,18 @@ def _check_sink_mass(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 2. which tokens are kept
-def kept_positions(t: int, window: int, n_sink: int) -> list[int]:
-    """Positions in a [sinks | recent window] cache while token ``t`` is processed (t included).
-
-    The cache holds at most n_sink + window tokens: the first n_sink tokens of the stream and the
-    ``window`` most recent ones.
-    """
-    recent = range(max(0, t - window + 1), t + 1)
-    return sorted(set(range(min(n_sink, t + 1))) | set(recent))
+def _kept_by_policy(t: int, window: int, n_sink: int) -> list[int]:
+    """AUTOFILL's kept positions: what the course's StreamingLLM (original positions) lets token t see."""
+    policy = make_policy("streaming", n_sink + window, sinks=n_sink, positions="original")
+    keys = torch.arange(t + 1)
+    return keys[policy.visible(torch.tensor(t), keys)].tolist()
 
 
-@exercise("02.kept_positions", "Exercise 2 (which tokens a sink + window cache keeps)", kept_positions)
+@exercise("02.kept_positions", "Exercise 2 (which tokens a sink + window cache keeps)", fallback=_kept_by_policy,
+          shortcuts=(make_policy, StreamingLLM, PinSinks, SlidingWindow))
 def _check_kept_positions(fn) -> None:
     for t, window, n_sink in ((3, 5, 2), (10, 4, 2), (20, 6, 4), (9, 3, 0), (5, 8, 4), (100, 10, 1)):
-        want = kept_positions(t, window, n_sink)
+        want = _kept_by_policy(t, window, n_sink)
         got = fn(t, window, n_sink)
         try:
             got = sorted(int(x) for x in got)
@@ -79,22 +81,23 @@ def _check_kept_positions(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 3. evicting from a softmax
-def renormalise_without(weights: Tensor, keep: Tensor) -> Tensor:
-    """Attention weights after evicting keys: weights [..., S], keep bool [S] -> [..., S].
+def _softmax_over_kept(weights: Tensor, keep: Tensor) -> Tensor:
+    """AUTOFILL's renormalisation: the course's masked attention weights over scores that are the log-weights
+    (each query's log-weights against one-hot keys, the evicted keys masked): weights [..., S] -> [..., S]."""
+    s = weights.shape[-1]
+    queries = weights.log().reshape(1, 1, -1, s)  # [1, 1, rows, S]: row r's scores are its log-weights
+    mask = keep.bool().expand(1, 1, queries.shape[2], s)
+    out = attention_weights(queries, torch.eye(s, dtype=weights.dtype)[None, None], mask, scale=1.0)
+    return out.reshape(weights.shape)
 
-    Softmax over the kept keys only equals the old weights of the kept keys divided by their sum:
-    w'_j = w_j / sum_{i kept} w_i, and 0 for evicted keys.
-    """
-    kept = weights * keep
-    return kept / kept.sum(-1, keepdim=True)
 
-
-@exercise("02.renormalise_without", "Exercise 3 (what eviction does to a softmax)", renormalise_without)
+@exercise("02.renormalise_without", "Exercise 3 (what eviction does to a softmax)", fallback=_softmax_over_kept,
+          shortcuts=(attention_weights,))
 def _check_renormalise(fn) -> None:
     g = torch.Generator().manual_seed(3)
     weights = torch.softmax(torch.randn(4, 9, generator=g) * 2, -1)
     for keep in (torch.tensor([0, 1, 1, 1, 0, 1, 1, 1, 1]).bool(), torch.arange(9) > 0):
-        got, want = fn(weights, keep), renormalise_without(weights, keep)
+        got, want = fn(weights, keep), _softmax_over_kept(weights, keep)
         if close(got, want):
             continue
         if close(got, weights * keep):
@@ -107,76 +110,67 @@ def _check_renormalise(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 4. build: the streaming evaluation loop
+def _stream_policy(model, window: int, n_sink: int, extra: int = 0, pin: bool = True):
+    """The course's cache rule for the build (original positions): ``extra`` slots more, or no pinned sinks."""
+    if not pin:
+        return make_policy("window", n_sink + window + extra, model=model)
+    name = "streaming" if n_sink else "window"
+    return make_policy(name, n_sink + window + extra, sinks=n_sink, positions="original", model=model)
+
+
 @torch.inference_mode()
-def window_stream_nll(model, ids: Tensor, window: int, n_sink: int = 0) -> Tensor:
-    """The collapse curve's loop: stream ``ids`` [B, T] one token at a time through a cache that keeps the
-    first ``n_sink`` tokens and the last ``window`` (the new token included), and score every next token.
-
-    Before each token is fed, a full cache (n_sink + window slots) drops its oldest non-sink slot in every
-    layer (``layer.gather``); tokens keep their original positions. Returns NLL [B, T - 1] (float32 or
-    wider): entry t is -log p(ids[:, t + 1] | what the cache let token t see).
-    """
-    return _stream_nll(model, ids, window, n_sink)
+def _window_nll_with_course(model, ids: Tensor, window: int, n_sink: int = 0) -> Tensor:
+    """AUTOFILL's build: the course's decode loop through its own cache rule."""
+    return decode_stream(model, ids, _stream_policy(model, window, n_sink), progress=False).nll
 
 
-def _stream_nll(model, ids: Tensor, window: int, n_sink: int, slack: int = 0, pin: bool = True,
-                shift: int = 1) -> Tensor:
-    """``window_stream_nll`` and its typical mistakes: ``slack=1`` lets the cache reach window + n_sink + 1
-    slots (the new token not counted), ``pin=False`` keeps the last n_sink + window tokens (sinks evicted),
-    ``shift=0`` scores the token just fed instead of the next one."""
-    b, kv = ids.shape[0], model.config.n_kv_head
-    cache = model.new_cache(batch=b)
-    budget = n_sink + window
-    nll = []
+@torch.inference_mode()
+def _scored(model, ids: Tensor, policy, shift: int = 1) -> Tensor:
+    """NLL [B, T - 1] of the token ``shift`` after each one fed, through the course's cache under ``policy``."""
+    cache = model.new_cache(ids.shape[0], policy)
+    rows = []
     for t in range(ids.shape[1] - 1):
-        n = cache.layers[0].length
-        if n >= budget + slack:  # the new token needs a slot: drop the oldest non-sink token
-            first = n_sink if pin else 0
-            keep = torch.cat([torch.arange(first), torch.arange(n - (budget - first) + 1 - slack, n)])
-            for layer in cache.layers:
-                layer.gather(keep.expand(b, kv, keep.numel()))
-        logits = model(ids[:, t : t + 1], cache=cache).logits[:, -1].double()  # [B, vocab]
+        logits = model(ids[:, t : t + 1], cache=cache).logits[:, -1].double()
         target = ids[:, t + shift : t + shift + 1]
-        nll.append(torch.logsumexp(logits, -1) - logits.gather(-1, target)[:, 0])
-    return torch.stack(nll, dim=1)
+        rows.append(torch.logsumexp(logits, -1) - logits.gather(-1, target)[:, 0])
+    return torch.stack(rows, dim=1)
 
 
-_STREAM_MISTAKES = [
-    (dict(slack=1), "the new token counts in the budget: drop a slot *before* feeding a token once the cache holds "
-                    "n_sink + window tokens, so that it never attends to more than n_sink + window keys"),
-    (dict(pin=False), "the first n_sink tokens are never evicted: drop the oldest token *after* the sinks"),
-    (dict(shift=0), "score the *next* token: the logits of token t predict ids[:, t + 1]"),
-]
+def _diagnose_stream(model, ids: Tensor, window: int, n_sink: int, got: Tensor) -> str | None:
+    """The mistake, as the course's cache rule that gives the same NLL (None when none does)."""
+    mistakes = [
+        (_scored(model, ids, _stream_policy(model, window, n_sink, extra=1)),
+         hint(3, "your cache lets each token see n_sink + window + 1 keys: the new token counts in the budget, so drop "
+                 "a slot *before* feeding a token once the cache holds n_sink + window tokens")),
+        (_scored(model, ids, _stream_policy(model, window, n_sink), shift=0),
+         hint(1, "score the *next* token: the logits of token t predict ids[:, t + 1]")),
+    ]
+    if n_sink:
+        mistakes.append((_scored(model, ids, _stream_policy(model, window, n_sink, pin=False)),
+                         hint(3, "the first n_sink tokens are never evicted: drop the oldest token *after* the "
+                                 "sinks")))
+    return next((text for nll, text in mistakes if close(got, nll, 1e-6)), None)
 
 
 @exercise("02.window_stream_nll", "Build exercise (the streaming loop behind the collapse curve)",
-          window_stream_nll, points=3)
+          points=6, kind="build", fallback=_window_nll_with_course,
+          shortcuts=(decode_stream, exact_stream, evaluate_stream, make_policy, StreamingLLM, PinSinks, SlidingWindow))
 def _check_window_stream_nll(fn) -> None:
-    from course.exercises.fixtures import CallCounter, tiny_model
-    from course.policies import make_policy
-    from course.streaming import decode_stream
-
     ids = torch.randint(0, 53, (2, 24), generator=torch.Generator().manual_seed(3))
     for family, window, n_sink in (("gpt2", 8, 0), ("gpt2", 6, 2), ("llama", 5, 3)):
         model = tiny_model(family, seed=3)
-        name = "streaming" if n_sink else "window"
-        policy = make_policy(name, n_sink + window, sinks=n_sink, positions="original", model=model)
-        want = decode_stream(model, ids, policy, progress=False).nll.double()  # the course's cache, the oracle
-        counter = CallCounter(model)
-        got = fn(counter, ids.clone(), window, n_sink)
-        got = torch.as_tensor(got)
+        want = _scored(model, ids, _stream_policy(model, window, n_sink))  # the course's cache, the oracle
+        with GuardedModel(model) as guarded:
+            got = torch.as_tensor(fn(guarded, ids.clone(), window, n_sink))
         if tuple(got.shape) != tuple(want.shape):
-            raise Wrong(f"return the NLL of every predicted token, [batch, T - 1] = {tuple(want.shape)}, "
-                        f"got {tuple(got.shape)}")
-        if any(n != 1 for n in counter.calls):
-            raise Wrong("feed one token per forward call through the cache (your calls got "
-                        f"{sorted(set(counter.calls))} "
-                        "tokens): streaming never recomputes the window")
+            raise Wrong(hint(2, f"return the NLL of every predicted token, [batch, T - 1] = {tuple(want.shape)}, "
+                                f"got {tuple(got.shape)}"))
+        if any(n != 1 for n in guarded.calls):
+            raise Wrong(hint(1, "feed one token per forward call through the cache (your calls got "
+                                f"{sorted(set(guarded.calls))} tokens): streaming never recomputes the window"))
         if close(got, want, 1e-6):
             continue
         step = int(((got.double() - want).abs() > 1e-6).any(0).nonzero()[0])
-        for settings, hint in _STREAM_MISTAKES:
-            if close(got, _stream_nll(model, ids, window, n_sink, **settings), 1e-6):
-                raise Wrong(hint)
-        raise Wrong(f"{family}, window {window}, {n_sink} sinks: the NLL differs from the course's cache from "
-                    f"prediction {step} on (the cache fills at token {n_sink + window})")
+        raise Wrong(_diagnose_stream(model, ids, window, n_sink, got) or hint(
+            3, f"{family}, window {window}, {n_sink} sinks: the NLL differs from the course's cache from prediction "
+               f"{step} on (the cache fills at token {n_sink + window})"))

@@ -1,34 +1,38 @@
-"""Notebook 03 (StreamingLLM): references and checkers."""
+"""Notebook 03 (StreamingLLM): checkers, each against the course's own mechanisms."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from course.function_policy import streaming_policy
+from course.builds import drive_layers
 from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
+from course.exercises.hints import hint
+from course.function_policy import streaming_policy
+from course.kvcache import KVCache, LayerCache
+from course.models.attend import attend
 from course.models.llama import rope
-from course.policies import make_policy
+from course.policies import PinSinks, Policy, SlidingWindow, StreamingLLM, make_policy
+from course.streaming import decode_stream
+
+_STREAMING = (make_policy, StreamingLLM, PinSinks, SlidingWindow)
 
 
 # ----------------------------------------------------------------------------- 1. positions in the cache
-def cache_positions(original: Tensor) -> Tensor:
-    """StreamingLLM's position re-assignment: the rank of each slot's original position.
-
-    original: [S] original positions of the cached tokens, in slot order (a ring buffer is not
-    sorted). Returns [S]: 0 for the oldest cached token, ..., S-1 for the newest.
-    """
-    return original.argsort().argsort()
+def _ranks_with_course(original: Tensor) -> Tensor:
+    """AUTOFILL's re-assignment: the course's ``Policy.cache_ranks`` of one KV head's positions."""
+    return Policy().cache_ranks(original[None, None])[0, 0]
 
 
-@exercise("03.cache_positions", "Exercise 1 (positions inside the cache)", cache_positions)
+@exercise("03.cache_positions", "Exercise 1 (positions inside the cache)", fallback=_ranks_with_course,
+          shortcuts=(Policy.cache_ranks,))
 def _check_cache_positions(fn) -> None:
     cases = [torch.tensor([0, 1, 2, 3, 20, 21, 14, 15, 16, 17, 18, 19]),  # sinks + ring buffer
              torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([0, 9, 7, 8])]
     for original in cases:
         got = fn(original.clone())
-        want = cache_positions(original)
+        want = _ranks_with_course(original)
         if close(got, want):
             continue
         if close(got, original):
@@ -48,7 +52,7 @@ def _check_ranks_in_the_cache(fn) -> None:
     model, ids = tiny_model("llama"), token_ids(30, seed=1)
     want = policy_trace(model, ids, make_policy("streaming", 8, sinks=2, model=model))
     try:
-        got = policy_trace(model, ids, streaming_policy(streaming_scores, 8, 2, model=model, ranks=fn))
+        got = policy_trace(model, ids, streaming_policy(streaming_scores_with_course, 8, 2, model=model, ranks=fn))
     except ValueError as e:
         raise Wrong(f"in the cache: {e}") from None
     if not close(got[1], want[1], 1e-9):
@@ -57,23 +61,15 @@ def _check_ranks_in_the_cache(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 2. re-rotating cached keys
-def rerotate(k_rot: Tensor, old_pos: Tensor, new_pos: Tensor, theta: float = 10000.0) -> Tensor:
-    """Move keys that were cached *after* rotation to new positions: RoPE(new) = R(new - old) RoPE(old).
-
-    k_rot: [heads, N, d] keys rotated at old_pos [N]; returns them rotated at new_pos [N].
-    """
-    return rope(k_rot[None], (new_pos - old_pos)[None], theta)[0]
-
-
-@exercise("03.rerotate", "Exercise 2 (re-rotating cached keys)", rerotate)
+@exercise("03.rerotate", "Exercise 2 (re-rotating cached keys)")
 def _check_rerotate(fn) -> None:
     g = torch.Generator().manual_seed(0)
     cases = [(torch.tensor([0, 1, 50, 51, 52, 53]), torch.tensor([0, 1, 2, 3, 4, 5]), 1, 10000.0),
              (torch.tensor([0, 1, 2, 3, 907, 904, 905, 906]), torch.tensor([0, 1, 2, 3, 7, 4, 5, 6]), 3, 100000.0)]
     for old, new, heads, theta in cases:
-        k = torch.randn(heads, len(old), 8, generator=g, dtype=torch.float64)  # [heads, N, d]
+        k = torch.randn(heads, len(old), 8, generator=g, dtype=torch.float64)  # [heads, N, d], never rotated
         k_old = rope(k[None], old[None], theta)[0]
-        want = rope(k[None], new[None], theta)[0]
+        want = rope(k[None], new[None], theta)[0]  # what the key would be, rotated at its new position directly
         got = fn(k_old, old, new, theta)
         if close(got, want, 1e-6):
             continue
@@ -88,22 +84,28 @@ def _check_rerotate(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 3. the ring buffer
-def rolling_slot(t: int, n_sink: int, window: int) -> int:
-    """Slot where token t is written in a preallocated [n_sink | window] cache.
+def _slots_in_course_cache(n_tokens: int, n_sink: int, window: int) -> list[int]:
+    """The slot where the course's StreamingLLM cache writes each of the first ``n_tokens`` tokens."""
+    cache = KVCache(1, 1, 1, 1, policy=StreamingLLM(n_sink, window))
+    slots = []
+    for t in range(n_tokens):
+        cache.update(0, torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1), torch.tensor([[t]]))
+        cache.advance(1)
+        slots.append(int((cache.positions(0)[0, 0] == t).nonzero()[0]))
+    return slots
 
-    The first n_sink + window tokens fill the slots in order; afterwards each new token overwrites
-    the oldest recent token, cycling through slots n_sink .. n_sink + window - 1. Sinks never move.
-    """
-    if t < n_sink + window:
-        return t
-    return n_sink + (t - n_sink) % window
+
+def _slot_with_course(t: int, n_sink: int, window: int) -> int:
+    """AUTOFILL's ring buffer: where the course's cache writes token t."""
+    return _slots_in_course_cache(t + 1, n_sink, window)[t]
 
 
-@exercise("03.rolling_slot", "Exercise 3 (a ring buffer that never moves the sinks)", rolling_slot)
+@exercise("03.rolling_slot", "Exercise 3 (a ring buffer that never moves the sinks)", fallback=_slot_with_course,
+          shortcuts=(KVCache, LayerCache))
 def _check_rolling_slot(fn) -> None:
     for n_sink, window in ((4, 6), (1, 3), (0, 5), (2, 2)):
         got = [fn(t, n_sink, window) for t in range(40)]
-        want = [rolling_slot(t, n_sink, window) for t in range(40)]
+        want = _slots_in_course_cache(40, n_sink, window)
         if got == want:
             continue
         if n_sink and any(s < n_sink for s in got[n_sink:]):
@@ -117,21 +119,19 @@ def _check_rolling_slot(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 4. StreamingLLM as a policy
-def streaming_scores(positions: Tensor, seen: int, n_sink: int) -> Tensor:
-    """StreamingLLM's keep-priority of every cached slot (the cache overwrites the lowest when full).
-
-    positions: [H_kv, S] original positions of the cached tokens (slot order); seen: tokens processed
-    so far. The first ``n_sink`` tokens of the stream are never evicted (inf); among the others the
-    oldest goes first, so the priority is the position itself. Returns [H_kv, S] float.
-    """
-    return torch.where(positions < n_sink, torch.inf, positions.float())
+def streaming_scores_with_course(positions: Tensor, seen: int, n_sink: int) -> Tensor:
+    """AUTOFILL's keep-priority: the course's StreamingLLM scores of a cache holding ``positions`` [H_kv, S]."""
+    h, s = positions.shape
+    layer = LayerCache(torch.zeros(1, h, s, 1), torch.zeros(1, h, s, 1), positions[None].clone(), length=s)
+    return StreamingLLM(n_sink, max(s - n_sink, 1)).scores(layer, seen)[0]
 
 
 def _sorted_lists(kept: Tensor) -> list[int]:
     return kept[0, 0].tolist()
 
 
-@exercise("03.streaming_scores", "Exercise 4 (StreamingLLM as a policy in the real cache)", streaming_scores, points=2)
+@exercise("03.streaming_scores", "Exercise 4 (StreamingLLM as a policy in the real cache)", points=2,
+          fallback=streaming_scores_with_course, shortcuts=_STREAMING)
 def _check_streaming_scores(fn) -> None:
     model, ids = tiny_model("llama"), token_ids(40, seed=2)
     for n_sink, budget in ((4, 10), (1, 7), (0, 6)):
@@ -161,101 +161,60 @@ def _check_streaming_scores(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 5. build: the rolling cache
-def rolling_step(state, q: Tensor, k: Tensor, v: Tensor, t: int, n_sink: int, window: int, theta: float):
-    """One layer's attention for token ``t`` through StreamingLLM's rolling cache, built from scratch.
-
-    state: what this layer's cache held after token t - 1 (None before the first token); q: [B, H, 1, d],
-    k, v: [B, H_kv, 1, d], all *not* rotated. The cache has n_sink + window slots: token t goes to
-    ``rolling_slot(t, n_sink, window)`` (sinks stay, the ring buffer overwrites its oldest token). Keys are
-    cached un-rotated and rotated at every step by their rank among the cached positions (0 .. n-1); the
-    query takes rank n - 1. Returns (output [B, H, 1, d], the new state).
-    """
-    return _rolling_step(state, q, k, v, t, n_sink, window, theta)
-
-
-def _rolling_step(state, q, k, v, t, n_sink, window, theta, slots: str = "ring", rule: str = "ranks",
-                  query: str = "rank"):
-    """``rolling_step`` and its typical mistakes: ``slots="modulo"`` cycles through every slot (sinks
-    overwritten); ``rule="original"`` rotates keys by their original position, ``rule="slots"`` by their slot
-    index; ``query="original"`` rotates the query by t."""
+def _rolling_step_with_course(state, q: Tensor, k: Tensor, v: Tensor, t: int, n_sink: int, window: int,
+                              theta: float):
+    """AUTOFILL's build: one layer of the course's StreamingLLM cache (the state is a one-layer ``KVCache``)."""
     b, hkv, _, d = k.shape
-    size = n_sink + window
     if state is None:
-        state = {"k": k.new_zeros(b, hkv, size, d), "v": v.new_zeros(b, hkv, size, d),
-                 "pos": torch.full((size,), -1, dtype=torch.long)}
-    slot = (t if t < size else n_sink + (t - n_sink) % window) if slots == "ring" else t % size
-    state["k"][:, :, slot], state["v"][:, :, slot], state["pos"][slot] = k[:, :, 0], v[:, :, 0], t
-    n = min(t + 1, size)
-    pos, keys, values = state["pos"][:n], state["k"][:, :, :n], state["v"][:, :, :n]
-    key_pos = {"ranks": pos.argsort().argsort(), "original": pos, "slots": torch.arange(n)}[rule]
-    q_pos = torch.full((b, 1), n - 1 if query == "rank" else t)
-    kr, qr = rope(keys, key_pos.expand(b, n), theta), rope(q, q_pos, theta)
-    g = q.shape[1] // hkv  # query heads per KV head
-    scores = qr @ kr.repeat_interleave(g, 1).transpose(-1, -2) / d**0.5  # [B, H, 1, n]
-    return torch.softmax(scores, dim=-1) @ values.repeat_interleave(g, 1), state
+        state = KVCache(1, b, hkv, d, policy=StreamingLLM(n_sink, window), dtype=k.dtype, device=k.device)
+    view = state.update(0, k, v, torch.full((b, 1), t, device=k.device))
+    state.advance(1)
+    out, _ = attend(rope(q, view.q_rope, theta), rope(view.keys, view.k_rope, theta), view.values)
+    return out, state
 
 
-@torch.inference_mode()
-def drive_layers(model, ids: Tensor, step, *settings) -> Tensor:
-    """Run the course's Llama token by token with ``step`` as every layer's attention: logits [B, T, vocab].
-
-    Everything but the attention is the model's own (embedding, norms, projections, MLP); ``step`` gets the
-    un-rotated q, k, v of each layer, ``t``, the cache's ``settings`` (03: n_sink, window; 04: budget, recent)
-    and the RoPE base, and returns the heads' output and its new state."""
-    cfg = model.config
-    b, h, hkv, d = ids.shape[0], cfg.n_head, cfg.n_kv_head, cfg.head_dim
-    states, rows = [None] * cfg.n_layer, []
-    for t in range(ids.shape[1]):
-        x = model.tok_emb(ids[:, t : t + 1])
-        for i, block in enumerate(model.blocks):
-            a, z = block.attn, block.norm1(x)
-            q = a.q(z).view(b, 1, h, d).transpose(1, 2)
-            k, v = (m(z).view(b, 1, hkv, d).transpose(1, 2) for m in (a.k, a.v))
-            out = step(states[i], q, k, v, t, *settings, cfg.rope_theta)
-            if not isinstance(out, tuple) or len(out) != 2:
-                raise Wrong("return a tuple (output [B, H, 1, d], state)")
-            y, states[i] = torch.as_tensor(out[0]), out[1]
-            if tuple(y.shape) != (b, h, 1, d):
-                raise Wrong(f"the output must be [B, H, 1, d] = {(b, h, 1, d)} (one row per query head), "
-                            f"got {tuple(y.shape)}")
-            x = x + a.o(y.to(x.dtype).transpose(1, 2).reshape(b, 1, h * d))
-            x = x + block.mlp(block.norm2(x))
-        rows.append(model.lm_head(model.norm(x)))
-    return torch.cat(rows, dim=1)
+def _nll(logits: Tensor, ids: Tensor) -> Tensor:
+    """NLL [B, T - 1] of each next token under logits [B, T, vocab]."""
+    logits = logits.double()[:, :-1]
+    return torch.logsumexp(logits, -1) - logits.gather(-1, ids[:, 1:, None])[..., 0]
 
 
-_ROLLING_MISTAKES = [
-    (dict(slots="modulo"), "a sink slot was overwritten: once the cache is full, token t goes to slot "
-                           "n_sink + (t - n_sink) % window, never below n_sink"),
-    (dict(rule="original"), "these are the original positions: StreamingLLM rotates every cached key by its rank "
-                            "among the cached positions (0 .. n-1), so that no distance exceeds the cache"),
-    (dict(rule="slots"), "slot order is not token order (the ring buffer wraps around): rank the slots by their "
-                         "original position (argsort twice), do not use the slot index"),
-    (dict(query="original"), "the query takes the newest rank, n - 1 (n cached tokens), not its original position t"),
-]
+def _diagnose_rolling(model, ids: Tensor, n_sink: int, window: int, got_nll: Tensor, step: int) -> str:
+    """The mistake, as the course's cache rule that gives the same NLL, or the stage where it first differs."""
+    size = n_sink + window
+    rules = [(make_policy("streaming", size, sinks=n_sink, positions="original", model=model),
+              "these are the original positions: StreamingLLM rotates every cached key by its rank among the cached "
+              "positions (0 .. n-1) and the query by n - 1, so that no distance exceeds the cache")]
+    if n_sink:
+        rules.append((make_policy("streaming", size, sinks=0, model=model),
+                      "a sink slot was overwritten: once the cache is full, token t goes to slot "
+                      "n_sink + (t - n_sink) % window, never below n_sink"))
+    for policy, text in rules:
+        if close(got_nll, decode_stream(model, ids, policy, progress=False).nll.double(), 1e-6):
+            return hint(3, text)
+    if step < size - 1:
+        return hint(1, f"{n_sink} sinks + {window} recent slots: your predictions differ from token {step} on, before "
+                       f"the cache is full (token {size - 1}): the attention itself (rotation by rank, GQA, the "
+                       "1/sqrt(d) scale) is not the course's")
+    return hint(3, f"{n_sink} sinks + {window} recent slots: your predictions differ from the course's StreamingLLM "
+                   f"cache from token {step} on, once the cache has filled (token {size - 1}): which slot the new "
+                   "token overwrites, the ranks of the cached keys (slot order is not token order), the query's rank")
 
 
-@exercise("03.rolling_step", "Build exercise (the rolling cache, re-assigned and re-rotated)", rolling_step,
-          points=3)
+@exercise("03.rolling_step", "Build exercise (the rolling cache, re-assigned and re-rotated)", points=6,
+          kind="build", fallback=_rolling_step_with_course,
+          shortcuts=(*_STREAMING, KVCache, LayerCache, attend, decode_stream))
 def _check_rolling_step(fn) -> None:
-    from course.streaming import decode_stream
-
     model, ids = tiny_model("llama", seed=5), token_ids(22, seed=5).expand(2, -1).clone()
     ids[1] = token_ids(22, seed=6)[0]
     for n_sink, window in ((2, 6), (1, 4), (0, 5)):
         policy = make_policy("streaming", n_sink + window, sinks=n_sink, model=model)  # the cache rule
         want_nll = decode_stream(model, ids, policy, progress=False).nll.double()  # the course's cache, the oracle
-        want = drive_layers(model, ids, _rolling_step, n_sink, window)
-        got = drive_layers(model, ids, fn, n_sink, window)
-        got_nll = torch.logsumexp(got.double(), -1)[:, :-1] - got.double()[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
-        assert close(torch.logsumexp(want.double(), -1)[:, :-1] - want.double()[:, :-1].gather(
-            -1, ids[:, 1:, None])[..., 0], want_nll, 1e-9), "the reference must equal the course's cache"
+        try:
+            got_nll = _nll(drive_layers(model, ids, fn, n_sink, window), ids)
+        except ValueError as e:
+            raise Wrong(hint(2, str(e))) from None
         if close(got_nll, want_nll, 1e-6):
             continue
         step = int(((got_nll - want_nll).abs() > 1e-6).any(0).nonzero()[0])
-        for settings, hint in _ROLLING_MISTAKES:
-            if close(got, drive_layers(model, ids, lambda *a, s=settings: _rolling_step(*a, **s), n_sink, window),
-                     1e-6):
-                raise Wrong(hint)
-        raise Wrong(f"{n_sink} sinks + {window} recent slots: the predictions differ from the course's StreamingLLM "
-                    f"cache from token {step} on (the cache fills at token {n_sink + window})")
+        raise Wrong(_diagnose_rolling(model, ids, n_sink, window, got_nll, step))

@@ -1,4 +1,4 @@
-"""Notebook 04 (H2O): references and checkers."""
+"""Notebook 04 (H2O): checkers, each against the course's own mechanisms."""
 
 from __future__ import annotations
 
@@ -8,29 +8,49 @@ import math
 import torch
 from torch import Tensor
 
-from course.function_policy import h2o_policy
-from course.models.llama import rope
+from course.attention import top_k_mass
+from course.builds import drive_layers
 from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
-from course.policies import group_mean, make_policy
+from course.exercises.hints import hint
+from course.function_policy import h2o_policy
+from course.kvcache import KVCache, LayerCache
+from course.models.attend import attend
+from course.models.llama import rope
+from course.policies import H2O, PinSinks, accumulate_attention, group_mean, make_policy
+
+_H2O = (H2O, PinSinks, make_policy, accumulate_attention)
+
+
+def _layer(positions: Tensor, attention: Tensor | None = None) -> LayerCache:
+    """A one-row cache layer holding ``positions`` [H_kv, S] (and H2O's running sums ``attention``)."""
+    h, s = positions.shape
+    layer = LayerCache(torch.zeros(1, h, s, 1), torch.zeros(1, h, s, 1), positions[None].clone().long(), length=s)
+    if attention is not None:
+        layer.stat("attention")[:] = attention[None].float()
+    return layer
 
 
 # ----------------------------------------------------------------------------- 1. sparsity
-def top_fraction_mass(weights: Tensor, fraction: float) -> Tensor:
-    """Share of attention held by the top ``fraction`` of keys. weights: [..., S] (rows sum to 1) -> [...].
+def _top_mass_by_sorting(weights: Tensor, fraction: float) -> Tensor:
+    """AUTOFILL's sparsity: the course's ``top_k_mass``, each row of weights [..., S] taken as the last query of
+    its own causal map (a query that sees all S keys)."""
+    s = weights.shape[-1]
+    maps = []
+    for row in weights.reshape(-1, s):
+        attn = torch.zeros(1, 1, s, s, dtype=weights.dtype)
+        attn[0, 0, -1] = row
+        maps.append(attn)
+    return top_k_mass(maps, [fraction], skip=s - 1)[:, 0].reshape(weights.shape[:-1])
 
-    The number of keys kept is ceil(fraction * S), at least 1.
-    """
-    k = max(1, math.ceil(fraction * weights.shape[-1]))
-    return weights.topk(k, dim=-1).values.sum(-1)
 
-
-@exercise("04.top_fraction_mass", "Exercise 1 (how sparse is attention?)", top_fraction_mass)
+@exercise("04.top_fraction_mass", "Exercise 1 (how sparse is attention?)", fallback=_top_mass_by_sorting,
+          shortcuts=(top_k_mass,))
 def _check_top_fraction(fn) -> None:
     g = torch.Generator().manual_seed(0)
     w = torch.softmax(torch.randn(3, 5, 40, generator=g) * 3, -1)
     for f in (0.1, 0.25, 0.01):
-        got, want = fn(w, f), top_fraction_mass(w, f)
+        got, want = fn(w, f), _top_mass_by_sorting(w, f)
         if close(got, want):
             continue
         k = max(1, math.ceil(f * 40))
@@ -48,32 +68,35 @@ MEAN_IS_A_VARIANT = ("H2O (the paper, Zhang et al. 2023) ranks keys by the raw s
                      "dividing by the number of queries that saw each key is the h2o-mean variant")
 
 
-def accumulated_scores(attn: Tensor, kv_heads: int) -> Tensor:
-    """H2O's heavy-hitter score of every key after a prompt, per KV head (the paper's raw sums).
-
-    attn: [H, T, T] causal attention of one layer (rows: queries). Each key's received attention is
-    summed over the queries, then averaged over the query heads that share a KV head (GQA groups of
-    H / kv_heads neighbouring heads). -> [kv_heads, T]
-    """
-    return group_mean(attn.sum(-2)[None], kv_heads)[0]
+def _accumulate_with_course(acc: Tensor, weights: Tensor) -> Tensor:
+    """AUTOFILL's running sums: the course's ``accumulate_attention`` on a layer holding ``acc`` [H_kv, S]."""
+    layer = _layer(torch.zeros(acc.shape, dtype=torch.long), acc)
+    accumulate_attention(layer, weights[None])
+    return layer.stat("attention")[0]
 
 
-def mean_scores(raw: Tensor) -> Tensor:
+def _prompt_scores_with_course(attn: Tensor, kv_heads: int) -> Tensor:
+    """AUTOFILL's prompt scores: the course's accumulation of a whole prompt's attention [H, T, T] from zero."""
+    return _accumulate_with_course(torch.zeros(kv_heads, attn.shape[-1]), attn)
+
+
+def _per_query(raw: Tensor) -> Tensor:
     """The h2o-mean variant of prompt scores: raw [..., T] divided by the T - j queries that saw key j."""
     t = raw.shape[-1]
     return raw / torch.arange(t, 0, -1, dtype=raw.dtype, device=raw.device)
 
 
-@exercise("04.accumulated_scores", "Exercise 2 (heavy-hitter scores)", accumulated_scores)
+@exercise("04.accumulated_scores", "Exercise 2 (heavy-hitter scores)", fallback=_prompt_scores_with_course,
+          shortcuts=(*_H2O, group_mean))
 def _check_accumulated(fn) -> None:
     g = torch.Generator().manual_seed(1)
     h, t, kv = 4, 10, 2
     causal = torch.ones(t, t).tril().bool()
     attn = torch.softmax((torch.randn(h, t, t, generator=g) * 2).masked_fill(~causal, -math.inf), -1)
-    got, want = fn(attn, kv), accumulated_scores(attn, kv)
+    got, want = fn(attn, kv), _prompt_scores_with_course(attn, kv)
     if close(got, want):
         return
-    if close(got, mean_scores(want)):
+    if close(got, _per_query(want)):
         raise Wrong(MEAN_IS_A_VARIANT + " (section 4 compares both): return the sums")
     if close(got, attn.sum(-2)):
         raise Wrong(f"one score per KV head: average the {h // kv} query heads of each GQA group")
@@ -85,23 +108,22 @@ def _check_accumulated(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 3. the victim
-def h2o_victim(scores: Tensor, positions: Tensor, seen: int, recent: int, n_sink: int = 0) -> int:
-    """The slot H2O evicts: the lowest score among slots that are neither among the ``recent``
-    newest tokens (positions >= seen - recent) nor pinned sinks (positions < n_sink).
-
-    scores, positions: [S] for one KV head.
-    """
-    protected = (positions >= seen - recent) | (positions < n_sink)
-    return int(scores.masked_fill(protected, math.inf).argmin())
+def _victim_with_course(scores: Tensor, positions: Tensor, seen: int, recent: int, n_sink: int = 0) -> int:
+    """The slot the course's H2O (with ``n_sink`` pinned sinks) overwrites in a full cache of one KV head."""
+    s = positions.shape[-1]
+    policy = H2O(s, recent)
+    policy = PinSinks(policy, n_sink) if n_sink else policy
+    return int(policy.scores(_layer(positions[None], scores[None]), seen)[0, 0].argmin())
 
 
-@exercise("04.h2o_victim", "Exercise 3 (which token H2O evicts)", h2o_victim)
+@exercise("04.h2o_victim", "Exercise 3 (which token H2O evicts)", shortcuts=_H2O)
 def _check_victim(fn) -> None:
     positions = torch.tensor([0, 1, 7, 3, 9, 5, 8, 4])
     scores = torch.tensor([0.01, 0.3, 0.02, 0.2, 0.001, 0.05, 0.5, 0.15])
     cases = [(10, 3, 0), (10, 3, 1), (10, 0, 0), (10, 6, 1)]
     for seen, recent, n_sink in cases:
-        got, want = fn(scores, positions, seen, recent, n_sink), h2o_victim(scores, positions, seen, recent, n_sink)
+        got, want = fn(scores, positions, seen, recent, n_sink), _victim_with_course(scores, positions, seen, recent,
+                                                                                     n_sink)
         if got == want:
             continue
         p = int(positions[got]) if isinstance(got, int) and 0 <= got < len(positions) else None
@@ -119,31 +141,13 @@ def _check_victim(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 4-5. H2O as a policy
-def h2o_accumulate(acc: Tensor, weights: Tensor) -> Tensor:
-    """H2O's running score: acc [H_kv, S] plus the attention every cached slot received now.
-
-    weights: [H, rows, S] attention of the newest ``rows`` queries (a whole prompt at once, then one
-    query per decoding step) over the S cached slots. Sum over the queries, then average the G = H / H_kv
-    query heads that share a KV head (heads h*G .. h*G+G-1 share KV head h). Returns [H_kv, S].
-    """
-    h_kv, h = acc.shape[0], weights.shape[0]
-    grouped = weights.reshape(h_kv, h // h_kv, *weights.shape[1:]).mean(1)  # [H_kv, rows, S]
-    return acc + grouped.sum(1)
-
-
-def h2o_scores(acc: Tensor, positions: Tensor, seen: int, recent: int, mean: bool = False) -> Tensor:
-    """H2O's keep-priority: acc [H_kv, S] (the paper's raw accumulated attention), or with ``mean=True`` the
-    h2o-mean variant, acc divided by the number of queries that saw each slot.
-
-    The token at position p has been seen by the queries at p .. seen - 1: seen - p of them. The ``recent``
-    newest tokens (positions >= seen - recent) are never evicted (inf). positions: [H_kv, S]. -> [H_kv, S]
-    """
-    score = acc / (seen - positions).clamp(min=1) if mean else acc
-    return torch.where(positions >= seen - recent, math.inf, score)
+def _scores_with_course(acc: Tensor, positions: Tensor, seen: int, recent: int, mean: bool = False) -> Tensor:
+    """AUTOFILL's keep-priority: the course's H2O (``mean``: h2o-mean) scores of a cache holding ``positions``."""
+    return H2O(positions.shape[-1], recent, normalize=mean).scores(_layer(positions, acc), seen)[0]
 
 
 def _h2o_runs(accumulate, scores, rules=(False,)) -> list[tuple[list[Tensor], Tensor, list[Tensor], Tensor, str]]:
-    """(student kept, NLL, reference kept, NLL, setting) for H2O runs on a tiny GQA model: a 16-token
+    """(student kept, NLL, the course's kept, NLL, setting) for H2O runs on a tiny GQA model: a 16-token
     prompt compressed to the budget, then decoding with eviction; ``rules``: mean=False (H2O) and/or
     mean=True (h2o-mean)."""
     model, ids = tiny_model("llama"), token_ids(36, seed=3)
@@ -162,7 +166,7 @@ def _h2o_runs(accumulate, scores, rules=(False,)) -> list[tuple[list[Tensor], Te
 
 
 def _run_differs(run) -> str | None:
-    """None if the student's run kept the reference's slots and gave its NLL, else where it first differs."""
+    """None if the student's run kept the course's slots and gave its NLL, else where it first differs."""
     got_kept, got_nll, want_kept, want_nll, setting = run
     step = first_difference(got_kept, want_kept)
     if step is None and close(got_nll, want_nll, 1e-6):
@@ -181,17 +185,17 @@ def _same_up_to_scale(a, b) -> bool:
         return False
 
 
-@exercise("04.h2o_accumulate", "Exercise 4 (H2O's accumulated, GQA-aware attention in the real cache)", h2o_accumulate,
-          points=2)
+@exercise("04.h2o_accumulate", "Exercise 4 (H2O's accumulated, GQA-aware attention in the real cache)", points=2,
+          fallback=_accumulate_with_course, shortcuts=(*_H2O, group_mean))
 def _check_h2o_accumulate(fn) -> None:
-    problems = [p for p in map(_run_differs, _h2o_runs(fn, h2o_scores)) if p]
+    problems = [p for p in map(_run_differs, _h2o_runs(fn, _scores_with_course)) if p]
     if not problems:
         return
     g = torch.Generator().manual_seed(5)
     acc = torch.rand(2, 9, generator=g)
     weights = torch.softmax(torch.randn(4, 3, 9, generator=g), -1)
     got = fn(acc.clone(), weights.clone())
-    if _same_up_to_scale(got, h2o_accumulate(torch.zeros(2, 9), weights)):
+    if _same_up_to_scale(got, _accumulate_with_course(torch.zeros(2, 9), weights)):
         raise Wrong("add to acc: H2O sums the attention a slot received over every query so far, not only this step's")
     if _same_up_to_scale(got, acc + weights[:, -1].reshape(2, 2, 9).mean(1)):
         raise Wrong("every row of weights is a query (a prompt hands them all at once): sum over all rows, "
@@ -240,14 +244,14 @@ def _h2o_scores_hint(fn) -> str | None:
 
 
 @exercise("04.h2o_scores", "Exercise 5 (H2O's scores, raw and mean, and the recent window in the real cache)",
-          h2o_scores, points=2)
+          points=2, fallback=_scores_with_course, shortcuts=_H2O)
 def _check_h2o_scores(fn) -> None:
     try:
         inspect.signature(fn).bind(None, None, 0, 0, mean=True)
     except (TypeError, ValueError):
         raise Wrong("h2o_scores takes a fifth argument, mean=False (False: H2O's raw sums; True: the h2o-mean "
                     "variant)") from None
-    problems = [p for p in map(_run_differs, _h2o_runs(h2o_accumulate, fn, rules=(False, True))) if p]
+    problems = [p for p in map(_run_differs, _h2o_runs(_accumulate_with_course, fn, rules=(False, True))) if p]
     if not problems:
         return
     _h2o_scores_hint(fn)
@@ -256,84 +260,28 @@ def _check_h2o_scores(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 6. build: H2O's decode loop
-def h2o_step(state, q: Tensor, k: Tensor, v: Tensor, t: int, budget: int, recent: int, theta: float):
-    """One layer's attention for token ``t`` through an H2O cache, built from scratch (decoding, one token a step).
-
-    state: what this layer's cache held after token t - 1 (None before the first token), a dict with
-    ``"k"``, ``"v"`` [B, H_kv, S, d] (keys not rotated), ``"pos"`` [B, H_kv, S] (original positions, long) and
-    ``"score"`` [B, H_kv, S] (the attention each slot has received so far); q: [B, H, 1, d], k, v: [B, H_kv, 1, d].
-
-    1. If the cache already holds ``budget`` slots, every KV head evicts its lowest-scoring slot among those that
-       are not the ``recent`` newest tokens (positions >= t - recent are protected); k, v, pos and score keep
-       the remaining slots together.
-    2. The new token joins with score 0; keys and query are rotated by their original positions (RoPE, ``theta``);
-       each query head attends to its KV head's slots (heads h*G .. h*G+G-1 share KV head h), scaled by 1/sqrt(d).
-    3. Every slot's score grows by the attention it just received, summed over the G query heads of its group
-       (H2O's raw running sum; a mean over the group ranks the same).
-    Returns (output [B, H, 1, d], the new state).
-    """
-    return _h2o_step(state, q, k, v, t, budget, recent, theta)
-
-
-def _h2o_step(state, q, k, v, t, budget, recent, theta, group: str = "neighbours", protect: bool = True,
-              carry: bool = True, mean: bool = False):
-    """``h2o_step`` and its typical mistakes: ``group="first"`` scores a KV head by its group's first query head
-    only, ``group="strided"`` sums heads h, h + H_kv, ...; ``protect=False`` may evict the recent tokens;
-    ``carry=False`` drops the victim from k, v, pos but not its score (the scores slide onto other slots);
-    ``mean=True`` ranks by the mean attention per query that saw a slot (the h2o-mean variant)."""
+def _h2o_step_with_course(state, q: Tensor, k: Tensor, v: Tensor, t: int, budget: int, recent: int, theta: float):
+    """AUTOFILL's build: one layer of the course's H2O cache (the state holds a one-layer ``KVCache`` and, as the
+    exercise's state does, the kept positions ``"pos"``)."""
     b, hkv, _, d = k.shape
-    h = q.shape[1]
-    g = h // hkv
-    new_pos = torch.full((b, hkv, 1), t, dtype=torch.long)
     if state is None:
-        state = {"k": k, "v": v, "pos": new_pos, "score": k.new_zeros(b, hkv, 1)}
+        cache = KVCache(1, b, hkv, d, policy=H2O(budget - recent, recent), dtype=k.dtype, device=k.device)
     else:
-        if state["pos"].shape[-1] >= budget:
-            rank = state["score"] / (t - state["pos"]).clamp(min=1) if mean else state["score"]
-            if protect:
-                rank = rank.masked_fill(state["pos"] >= t - recent, float("inf"))
-            victim = rank.argmin(dim=-1, keepdim=True)  # [B, H_kv, 1]
-            slots = torch.arange(state["pos"].shape[-1]).expand(b, hkv, -1)
-            keep = slots[slots != victim].reshape(b, hkv, -1)  # every slot but the victim, in order
-            for name in ("k", "v"):
-                state[name] = state[name].gather(2, keep[..., None].expand(-1, -1, -1, d))
-            state["pos"] = state["pos"].gather(2, keep)
-            state["score"] = state["score"].gather(2, keep) if carry else state["score"][..., : keep.shape[-1]]
-        state = {"k": torch.cat([state["k"], k], 2), "v": torch.cat([state["v"], v], 2),
-                 "pos": torch.cat([state["pos"], new_pos], 2),
-                 "score": torch.cat([state["score"], k.new_zeros(b, hkv, 1)], 2)}
-    keys = rope(state["k"], state["pos"], theta).repeat_interleave(g, 1)  # [B, H, S, d]
-    qr = rope(q, torch.full((b, 1), t), theta)
-    w = torch.softmax(qr @ keys.transpose(-1, -2) / d**0.5, dim=-1)  # [B, H, 1, S]
-    per_head = w[:, :, 0]  # [B, H, S]
-    if group == "neighbours":
-        received = per_head.reshape(b, hkv, g, -1).sum(2)
-    elif group == "strided":
-        received = per_head.reshape(b, g, hkv, -1).sum(1)
-    else:
-        received = per_head.reshape(b, hkv, g, -1)[:, :, 0]
-    state["score"] = state["score"] + received
-    return w @ state["v"].repeat_interleave(g, 1), state
-
-
-_H2O_MISTAKES = [
-    (dict(group="first"), "a KV head's score is the attention of all G query heads that share it: sum the group "
-                          "(heads h*G .. h*G+G-1), not only one head"),
-    (dict(group="strided"), "GQA grouping: query heads h*G .. h*G+G-1 share KV head h; sum neighbouring heads "
-                            "(reshape(B, H_kv, G, S)), not every H_kv-th"),
-    (dict(protect=False), "the recent window is protected: a slot whose position is >= t - recent is never the "
-                          "victim, whatever its score"),
-    (dict(carry=False), "the scores must move with their slots: after dropping the victim, gather score with the "
-                        "same index as k, v and pos"),
-    (dict(mean=True), MEAN_IS_A_VARIANT + ": rank by the running sums themselves"),
-]
+        cache = state["cache"]
+    view = cache.update(0, k, v, torch.full((b, 1), t, device=k.device))
+    out, weights = attend(rope(q, view.q_rope, theta), rope(view.keys, view.k_rope, theta), view.values,
+                          weight_rows=view.weight_rows)
+    cache.observe(0, weights)
+    cache.advance(1)
+    return out, {"cache": cache, "pos": cache.positions(0).clone()}
 
 
 @torch.inference_mode()
-def _course_h2o_trace(model, ids: Tensor, budget: int, recent: int) -> tuple[Tensor, list[Tensor]]:
+def _course_h2o_trace(model, ids: Tensor, budget: int, recent: int, name: str = "h2o"
+                      ) -> tuple[Tensor, list[Tensor]]:
     """The course's H2O cache, token by token: logits [B, T, vocab] and the sorted kept positions
     [L, B, H_kv, S] after every token (the oracle)."""
-    cache = model.new_cache(ids.shape[0], make_policy("h2o", budget, recent=recent, model=model))
+    cache = model.new_cache(ids.shape[0], make_policy(name, budget, recent=recent, model=model))
     logits, kept = [], []
     for t in range(ids.shape[1]):
         logits.append(model(ids[:, t : t + 1], cache=cache).logits)
@@ -343,8 +291,6 @@ def _course_h2o_trace(model, ids: Tensor, budget: int, recent: int) -> tuple[Ten
 
 def _student_h2o_trace(model, ids: Tensor, step, budget: int, recent: int) -> tuple[Tensor, list[Tensor]]:
     """``step`` as every layer's attention (``drive_layers``): logits and the kept positions after every token."""
-    from course.exercises.nb03 import drive_layers
-
     n_layer, seen = model.config.n_layer, []
 
     def recorded(state, *args):
@@ -352,35 +298,63 @@ def _student_h2o_trace(model, ids: Tensor, step, budget: int, recent: int) -> tu
         try:
             seen.append(torch.as_tensor(out[1]["pos"]).sort(dim=-1).values)
         except (TypeError, KeyError, IndexError):
-            raise Wrong('the state is a dict with "k", "v", "pos" and "score" (see the docstring)') from None
+            raise Wrong(hint(2, 'the state is a dict with "k", "v", "pos" and "score" (see the docstring)')) from None
         return out
 
-    logits = drive_layers(model, ids, recorded, budget, recent)
+    try:
+        logits = drive_layers(model, ids, recorded, budget, recent)
+    except ValueError as e:
+        raise Wrong(hint(2, str(e))) from None
     try:
         kept = [torch.stack(seen[i : i + n_layer]) for i in range(0, len(seen), n_layer)]
     except RuntimeError:
-        raise Wrong("every KV head keeps the same number of slots: state['pos'] is [B, H_kv, S]") from None
+        raise Wrong(hint(2, "every KV head keeps the same number of slots: state['pos'] is [B, H_kv, S]")) from None
     return logits, kept
 
 
-@exercise("04.h2o_decode", "Build exercise (H2O's accumulate-and-evict decode loop)", h2o_step, points=3)
+def _same_run(a: tuple[Tensor, list[Tensor]], b: tuple[Tensor, list[Tensor]]) -> bool:
+    return first_difference(a[1], b[1]) is None and close(a[0], b[0], 1e-6)
+
+
+def _diagnose_h2o(fn, model, ids: Tensor, budget: int, recent: int, got) -> str | None:
+    """The mistake, as the course's rule that gives the same run, or a probe on a model without GQA."""
+    if _same_run(got, _course_h2o_trace(model, ids, budget, 0)):
+        return hint(3, "the recent window is protected: a slot whose position is >= t - recent is never the victim, "
+                       "whatever its score")
+    if _same_run(got, _course_h2o_trace(model, ids, budget, recent, name="h2o-mean")):
+        return hint(3, MEAN_IS_A_VARIANT + ": rank by the running sums themselves")
+    mha = tiny_model("llama", seed=6, kv_heads=model.config.n_head)
+    try:
+        right_without_gqa = _same_run(_student_h2o_trace(mha, ids, fn, budget, recent),
+                                      _course_h2o_trace(mha, ids, budget, recent))
+    except Wrong:
+        right_without_gqa = False
+    if right_without_gqa:
+        return hint(2, "right when every query head has its own KV head, wrong with GQA: a KV head's score is the "
+                       "attention of all G query heads that share it, heads h*G .. h*G+G-1 (reshape(B, H_kv, G, S) "
+                       "and sum the group)")
+    return None
+
+
+@exercise("04.h2o_decode", "Build exercise (H2O's accumulate-and-evict decode loop)", points=6, kind="build",
+          fallback=_h2o_step_with_course, shortcuts=(*_H2O, KVCache, LayerCache, attend, h2o_policy))
 def _check_h2o_decode(fn) -> None:
     model = tiny_model("llama", seed=6)
     ids = torch.cat([token_ids(18, seed=6), token_ids(18, seed=7)])
     for budget, recent in ((7, 3), (5, 1)):
-        want_logits, want_kept = _course_h2o_trace(model, ids, budget, recent)
-        got_logits, got_kept = _student_h2o_trace(model, ids, fn, budget, recent)
-        step = first_difference(got_kept, want_kept)
-        if step is None and close(got_logits, want_logits, 1e-6):
+        want = _course_h2o_trace(model, ids, budget, recent)
+        got = _student_h2o_trace(model, ids, fn, budget, recent)
+        if _same_run(got, want):
             continue
-        for settings, hint in _H2O_MISTAKES:
-            wrong = _student_h2o_trace(model, ids, lambda *a, s=settings: _h2o_step(*a, **s), budget, recent)
-            if first_difference(got_kept, wrong[1]) is None and close(got_logits, wrong[0], 1e-6):
-                raise Wrong(hint)
+        step = first_difference(got[1], want[1])
+        diagnosis = _diagnose_h2o(fn, model, ids, budget, recent, got)
+        if diagnosis:
+            raise Wrong(diagnosis)
         if step is None:
-            raise Wrong(f"budget {budget}, recent {recent}: the same slots as the course's H2O but other logits: "
-                        "rotate keys and query by their original positions, scale by 1/sqrt(d), GQA heads share "
-                        "their KV head's slots")
-        raise Wrong(f"budget {budget}, recent {recent}: from token {step} on your cache keeps other slots than the "
-                    f"course's H2O (it fills at token {budget - 1}); a full cache evicts before the new token attends, "
-                    "which then sees exactly budget slots, its own included")
+            raise Wrong(hint(1, f"budget {budget}, recent {recent}: the same slots as the course's H2O but other "
+                                "logits: rotate keys and query by their original positions, scale by 1/sqrt(d), GQA "
+                                "heads share their KV head's slots"))
+        raise Wrong(hint(3, f"budget {budget}, recent {recent}: from token {step} on your cache keeps other slots than "
+                            f"the course's H2O (it fills at token {budget - 1}); a full cache evicts before the new "
+                            "token attends, which then sees exactly budget slots, its own included; the scores move "
+                            "with their slots"))

@@ -1,4 +1,9 @@
-"""Notebook 07 (choosing a policy): references and checkers."""
+"""Notebook 07 (choosing a policy): checkers, each against the course's own mechanisms.
+
+The capstone (``07.my_policy``) is checked here for what a notebook can check (a well-formed policy that keeps its
+budget in the real cache); what it achieves is measured by the autograder on passages the student never sees
+(``course.instructor.grading.capstone``).
+"""
 
 from __future__ import annotations
 
@@ -7,34 +12,32 @@ import math
 import torch
 from torch import Tensor
 
-from course.evaluate import compress_prompt, continuation_nll
+from course.evaluate import (best_policy, compare_after_compression, compare_continuations, continuation_nll,
+                             decode_after_compression)
 from course.exercises.core import Wrong, exercise
-from course.exercises.fixtures import CallCounter, tiny_model
-from course.policies import H2O, FullCache, SlidingWindow, SnapKV
+from course.exercises.fixtures import tiny_model
+from course.exercises.guards import GuardedModel
+from course.exercises.nb03 import streaming_scores_with_course
+from course.function_policy import score_policy
+from course.policies import H2O, FullCache, SlidingWindow, SnapKV, make_policy
 
 
 # ----------------------------------------------------------------------------- 1. memory per policy
-def cache_tokens(policy: str, budget: int, prompt: int, generated: int) -> int:
-    """Tokens a policy holds per KV head after a ``prompt`` and ``generated`` new tokens.
-
-    full keeps everything; window, streaming, h2o and h2o-mean never exceed their budget; snapkv compresses
-    the prompt to its budget once and then keeps every generated token.
-    """
-    if policy == "full":
-        return prompt + generated
-    if policy in ("window", "streaming", "h2o", "h2o-mean"):
-        return min(prompt + generated, budget)
-    if policy == "snapkv":
-        return min(prompt, budget) + generated
-    raise ValueError(f"policy must be full, window, streaming, h2o, h2o-mean or snapkv; got {policy!r}")
+def _tokens_by_policy(policy: str, budget: int, prompt: int, generated: int) -> int:
+    """AUTOFILL's memory per policy: the slots the course's policy keeps, from its two budgets (the prompt's,
+    then decoding's)."""
+    p = make_policy(policy, budget)
+    kept = prompt if p.prompt_budget is None else min(prompt, p.prompt_budget)
+    return kept + generated if p.budget is None else min(kept + generated, p.budget)
 
 
-@exercise("07.cache_tokens", "Exercise 1 (what each policy keeps)", cache_tokens)
+@exercise("07.cache_tokens", "Exercise 1 (what each policy keeps)", fallback=_tokens_by_policy,
+          shortcuts=(make_policy,))
 def _check_cache_tokens(fn) -> None:
     cases = [("full", 100, 1000, 50), ("window", 100, 1000, 50), ("streaming", 100, 60, 20), ("h2o", 128, 1000, 500),
              ("h2o-mean", 128, 100, 10), ("snapkv", 100, 1000, 50), ("snapkv", 100, 60, 10)]
     for case in cases:
-        got, want = fn(*case), cache_tokens(*case)
+        got, want = fn(*case), _tokens_by_policy(*case)
         if got == want:
             continue
         policy, budget, prompt, generated = case
@@ -48,60 +51,41 @@ def _check_cache_tokens(fn) -> None:
 
 
 # ----------------------------------------------------------------------------- 2. the protocol
-def compressed_perplexity(model, ids: Tensor, context: int, policy) -> float:
-    """Perplexity of ids[:, context:] after compressing the cache of ids[:, :context] with ``policy``.
-
-    Compress the cache of ids[:, :context - 1] (``compress_prompt``: full attention, then the policy's budget),
-    then feed ids[:, context - 1], ids[:, context], ... one token at a time, scoring each next token.
-    """
-    cache, _ = compress_prompt(model, ids[:, : context - 1], policy)
-    with torch.inference_mode():
-        nll = []
-        for t in range(context - 1, ids.shape[1] - 1):
-            logits = model(ids[:, t : t + 1], cache=cache).logits[:, -1]
-            nll.append(torch.nn.functional.cross_entropy(logits.float(), ids[:, t + 1], reduction="none"))
-    return math.exp(torch.stack(nll).double().mean().item())
+def _perplexity_with_course(model, ids: Tensor, context: int, policy) -> float:
+    """AUTOFILL's protocol: the course's ``continuation_nll``, as a perplexity."""
+    return math.exp(continuation_nll(model, ids, context, policy).double().mean().item())
 
 
-@exercise("07.compressed_perplexity", "Exercise 2 (perplexity through a compressed cache)", compressed_perplexity)
+@exercise("07.compressed_perplexity", "Exercise 2 (perplexity through a compressed cache)",
+          fallback=_perplexity_with_course,
+          shortcuts=(continuation_nll, compare_continuations, decode_after_compression, compare_after_compression))
 def _check_protocol(fn) -> None:
     model = tiny_model("llama", seed=4)
     ids = torch.randint(0, 53, (2, 40), generator=torch.Generator().manual_seed(0))
     for make in (lambda: SnapKV(10, obs_window=3), lambda: H2O(4, 4), lambda: SlidingWindow(8)):
-        want = math.exp(continuation_nll(model, ids, 24, make()).double().mean().item())
-        counter = CallCounter(model)
-        got = fn(counter, ids, 24, make())
+        want = _perplexity_with_course(model, ids, 24, make())
+        with GuardedModel(model, policies=True) as guarded:
+            got = fn(guarded, ids, 24, make())
         if isinstance(got, Tensor):
             got = float(got)
-        if abs(got - want) <= 1e-6 * want:
+        if isinstance(got, (int, float)) and abs(got - want) <= 1e-6 * want:
             continue
-        full = math.exp(continuation_nll(model, ids, 24, FullCache()).double().mean().item())
-        if abs(got - full) <= 1e-6 * full:
+        full = _perplexity_with_course(model, ids, 24, FullCache())
+        if isinstance(got, (int, float)) and abs(got - full) <= 1e-6 * full:
             raise Wrong("that is the full-cache perplexity: compress the context's cache (compress_prompt), and score "
                         "the continuation through that cache")
-        if any(n > 1 for n in counter.calls[1:]):
+        if any(n > 1 for n in guarded.calls[1:]):
             raise Wrong("after compressing, feed one token at a time: several tokens at once attend with full "
                         "attention to each other and the policy does not evict between them")
-        if counter.calls and counter.calls[0] == 24:
+        if guarded.calls and guarded.calls[0] == 24:
             raise Wrong("run the context *but its last token* before compressing, then feed ids[:, context - 1]: "
                         "otherwise the first prediction comes from the uncompressed cache")
         raise Wrong(f"expected perplexity {want:.4f}, got {got!r}")
 
 
 # ----------------------------------------------------------------------------- 3. reading the table
-def choose_policy(rows: list[dict], metric: str, max_tokens: int, higher_is_better: bool) -> str:
-    """The policy with the best ``metric`` among rows whose ``tokens`` (cache size) fit ``max_tokens``.
-
-    rows: [{"policy": name, "tokens": int, metric: float, ...}, ...]. Ties go to the smaller cache.
-    """
-    fitting = [r for r in rows if r["tokens"] <= max_tokens]
-    if not fitting:
-        raise ValueError(f"no policy fits in {max_tokens} tokens")
-    sign = -1 if higher_is_better else 1
-    return min(fitting, key=lambda r: (sign * r[metric], r["tokens"]))["policy"]
-
-
-@exercise("07.choose_policy", "Exercise 3 (reading the strategy table)", choose_policy)
+@exercise("07.choose_policy", "Exercise 3 (reading the strategy table)", fallback=best_policy,
+          shortcuts=(best_policy,))
 def _check_choose(fn) -> None:
     rows = [
         {"policy": "full", "tokens": 1000, "ppl": 17.0, "accuracy": 1.0},
@@ -114,7 +98,7 @@ def _check_choose(fn) -> None:
     cases = [("ppl", 100, False), ("accuracy", 150, True), ("accuracy", 100, True), ("ppl", 2000, False),
              ("accuracy", 115, True)]
     for metric, cap, hib in cases:
-        got, want = fn(rows, metric, cap, hib), choose_policy(rows, metric, cap, hib)
+        got, want = fn(rows, metric, cap, hib), best_policy(rows, metric, cap, hib)
         if got == want:
             continue
         chosen = next((r for r in rows if r["policy"] == got), None)
@@ -122,31 +106,15 @@ def _check_choose(fn) -> None:
             raise Wrong(f"{got} needs {chosen['tokens']} tokens, more than the {cap} allowed")
         if chosen is not None and chosen[metric] == next(r for r in rows if r["policy"] == want)[metric]:
             raise Wrong(f"{got} and {want} tie on {metric}: ties go to the smaller cache")
-        if got == choose_policy(rows, metric, cap, not hib):
+        if got == best_policy(rows, metric, cap, not hib):
             raise Wrong("higher_is_better says which way the metric goes: perplexity lower, accuracy higher")
         raise Wrong(f"metric={metric}, max_tokens={cap}: expected {want}, got {got!r}")
 
 
 # ----------------------------------------------------------------------------- 4. capstone: a policy of your own
-def my_scores(positions: Tensor, attention: Tensor, seen: int, budget: int) -> Tensor:
-    """Keep-scores of a hybrid policy: pinned sinks, the recent third of the budget, then heavy hitters by mean
-    attention, smoothed along the stream so that the neighbours of a heavy hitter stay with it (spans).
-
-    positions, attention: [H_kv, S] (what the cache knows about each slot); returns [H_kv, S].
-    """
-    n_sink = min(4, max(1, budget // 6))  # the first tokens: the sink
-    recent = max(1, budget // 3)  # the newest tokens: local context
-    age = (seen - positions).clamp(min=1).float()  # how many queries could see each key
-    mean_attention = attention.float() / age  # per query: old keys are not favoured
-    order = positions.argsort(dim=-1)  # slots in stream order (after evictions they are not)
-    in_order = mean_attention.gather(-1, order)[:, None]  # [H_kv, 1, S]
-    pooled = torch.nn.functional.max_pool1d(in_order, 3, stride=1, padding=1)[:, 0]
-    spans = 0.5 * in_order[:, 0] + 0.5 * pooled  # a heavy hitter lifts its neighbours, but less than itself
-    heavy = torch.empty_like(spans).scatter_(-1, order, spans)  # back to slot order
-    tie_break = positions.float() / max(seen, 1) * 1e-6  # equal scores: keep the newer
-    scores = heavy + tie_break
-    scores = torch.where(positions >= seen - recent, 1e9 + positions.float(), scores)  # recent: always kept
-    return scores.masked_fill(positions < n_sink, math.inf)  # sinks: never evicted
+def _streaming_keep_scores(positions: Tensor, attention: Tensor, seen: int, budget: int) -> Tensor:
+    """AUTOFILL's capstone: StreamingLLM's keep-scores (up to four sinks and the most recent tokens)."""
+    return streaming_scores_with_course(positions, seen, min(4, budget - 1))
 
 
 def _slots(h: int, s: int, seen: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -158,16 +126,8 @@ def _slots(h: int, s: int, seen: int, seed: int) -> tuple[Tensor, Tensor]:
     return kept.gather(1, order), torch.rand(h, s, generator=g) * 3
 
 
-def _on_held_out(fn) -> str:
-    """The autograder's measurement (``course.instructor.grading.capstone``): perplexity on held-out passages
-    against StreamingLLM and the plain window at the same budget."""
-    from course.instructor.grading.capstone import judge
-
-    return judge(fn)
-
-
-@exercise("07.my_policy", "Exercise 4 (a policy of your own, graded on held-out passages)", my_scores, points=2,
-          graded=_on_held_out)
+@exercise("07.my_policy", "Exercise 4 (a policy of your own, graded on held-out passages)", points=8,
+          kind="capstone", fallback=_streaming_keep_scores)
 def _check_my_policy(fn) -> None:
     budget, seen = 12, 40
     positions, attention = _slots(2, budget, seen, seed=5)
@@ -199,39 +159,24 @@ def _check_my_policy(fn) -> None:
 
 
 def _check_policy_in_protocol(fn) -> None:
-    """The student's scores as a policy in the real cache: the budget holds at every step, the run is finite."""
-    from course.function_policy import score_policy
-
+    """The student's scores as a policy in the real cache, through notebook 07's protocol: a finite loss."""
     model = tiny_model("llama", seed=4)
     ids = torch.randint(0, 53, (2, 36), generator=torch.Generator().manual_seed(1))
-    budget = 10
-    cache, _ = compress_prompt(model, ids[:, :23], score_policy(fn, budget))
-    sizes = [cache.layers[0].length]
     with torch.inference_mode():
-        nll = []
-        for t in range(23, ids.shape[1] - 1):
-            logits = model(ids[:, t : t + 1], cache=cache).logits[:, -1]
-            nll.append(torch.nn.functional.cross_entropy(logits.float(), ids[:, t + 1], reduction="none"))
-            sizes.append(max(layer.length for layer in cache.layers))
-    if max(sizes) > budget:
-        raise Wrong(f"the cache grew to {max(sizes)} slots with a budget of {budget}")
-    if not bool(torch.isfinite(torch.stack(nll)).all()):
+        nll = continuation_nll(model, ids, 24, score_policy(fn, 10))
+    if not bool(torch.isfinite(nll).all()):
         raise Wrong("decoding through your policy gave a non-finite loss: check for inf or NaN in your scores")
-
-
-def conclusion() -> str:
-    """The written conclusion of the capstone (checked for presence and length only)."""
-    return ("My hybrid pins four sinks, keeps the most recent quarter of the budget and fills the rest with the "
-            "tokens that received the most attention per query that could see them. I compared it with the window, "
-            "StreamingLLM and H2O at the same budget, with the same protocol (compress the context, then decode one "
-            "token at a time). Where it wins or loses depends on the budget and on the model: the table above is "
-            "the evidence, and one run on a few passages is not enough to call a winner.")
 
 
 MIN_WORDS = 30
 
 
-@exercise("07.conclusion", "Exercise 5 (your conclusion)", conclusion)
+def _no_conclusion_yet() -> str:
+    """AUTOFILL's stand-in for the conclusion: says that none is written (and would not pass the check)."""
+    return "(AUTOFILL: no conclusion written yet)"
+
+
+@exercise("07.conclusion", "Exercise 5 (your conclusion)", kind="writing", fallback=_no_conclusion_yet)
 def _check_conclusion(fn) -> None:
     text = fn()
     if not isinstance(text, str):

@@ -6,8 +6,15 @@ in every cell, each region from a ``### BEGIN SOLUTION`` line to its ``### END S
 BEGIN line) and ``YOUR ANSWER HERE`` in markdown and raw cells (in markdown, text in backticks is
 quoted code, not a marker); outputs and execution counts are cleared; a banner cell (id
 ``student-version``) is added at the top; everything else (cell ids, tags such as ``parameters`` and
-``colab``) is kept. The output depends only on the solution notebook, so releasing twice writes
+``colab``) is kept. The output depends only on the solution notebook and the answer key beside it, so releasing twice writes
 identical bytes, and ``--check`` can tell whether the committed student copies are up to date.
+
+The questions' answers live in ``answer_key.py`` beside the solution notebooks (release checks them against the
+solution cells). Each question's check cell gets, by default, its answer and hints encoded as ``key="..."`` (a
+student practising is told whether an answer is right); with ``hidden_answers`` it gets ``answers="hidden"`` and
+says only whether an answer is well-formed. With ``key_path`` release also writes the grading key
+(``course.instructor.grading.key``): the answers, held-out passages for the capstone drawn now, and the
+fingerprints of the released copies' lines. Keep it from the students; grade with it.
 
 Release never destroys: it refuses an output folder that is, or contains, the solution folder; it
 only overwrites or deletes a notebook that carries its banner cell (the banner is the record of
@@ -18,13 +25,21 @@ converts every notebook before writing any.
 from __future__ import annotations
 
 import json
+import random
 import re
+import runpy
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
-__all__ = ["ReleaseError", "Difference", "strip_solutions", "student_notebook", "release", "check_release"]
+from course.exercises.questions import QUESTIONS, QuestionKey, encode_key
+
+__all__ = ["ReleaseError", "Difference", "strip_solutions", "student_notebook", "release", "check_release",
+           "load_answer_key", "ANSWER_KEY", "CAPSTONE_PASSAGES"]
+
+ANSWER_KEY = "answer_key.py"  # beside the solution notebooks
+CAPSTONE_PASSAGES = 24  # held-out passages drawn into a grading key
 
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
 STUDENT_STUB = "raise NotImplementedError()"
@@ -90,17 +105,33 @@ def _banner(solution_name: str) -> nbformat.NotebookNode:
     return nbformat.v4.new_markdown_cell(text, id=BANNER_ID)
 
 
-_QUESTION_CHECK = re.compile(r'^(\s*\w+\s*=\s*check\("\d\d\.q_\w+",\s*\w+,\s*autofill=AUTOFILL)\)\s*$')
+_QUESTION_CHECK = re.compile(r'^(\s*\w+\s*=\s*check\("(\d\d\.q_\w+)",\s*\w+,\s*autofill=AUTOFILL)\)\s*$')
+_CHUNK = 96  # characters of an encoded key per line
 
 
-def hide_answers(source: str) -> str:
-    """A question's check cell, rewritten so that the check says only whether the answer is well-formed."""
-    return "\n".join(_QUESTION_CHECK.sub(r'\1, answers="hidden")', line) for line in source.split("\n"))
+def _with_key(match: re.Match, answers: dict[str, dict]) -> str:
+    head, qid = match.group(1), match.group(2)
+    if qid not in answers:
+        raise ReleaseError(f"{qid}: no entry in the answer key ({ANSWER_KEY})")
+    text = encode_key(answers[qid])
+    indent = " " * (len(head) - len(head.lstrip()) + 4)
+    chunks = [text[i : i + _CHUNK] for i in range(0, len(text), _CHUNK)]
+    return head + ",\n" + indent + "key=(" + ("\n" + indent + "     ").join(f'"{c}"' for c in chunks) + "))"
 
 
-def student_notebook(solution_text: str, solution_name: str, hidden_answers: bool = False) -> str:
-    """The student copy (serialised, as written to disk) of a solution notebook given as JSON text; with
-    ``hidden_answers``, the questions' checks only say whether an answer is well-formed (graded use)."""
+def hide_answers(source: str, answers: dict[str, dict] | None = None) -> str:
+    """A question's check cell, rewritten: with ``answers`` (id -> entry) it carries its key (answers shown);
+    without, it says only whether the answer is well-formed (answers hidden)."""
+    if answers is None:
+        return "\n".join(_QUESTION_CHECK.sub(r'\1, answers="hidden")', line) for line in source.split("\n"))
+    return "\n".join(_QUESTION_CHECK.sub(lambda m: _with_key(m, answers), line) for line in source.split("\n"))
+
+
+def student_notebook(solution_text: str, solution_name: str, hidden_answers: bool = False,
+                     answers: dict[str, dict] | None = None) -> str:
+    """The student copy (serialised, as written to disk) of a solution notebook given as JSON text. The
+    questions' checks carry their ``answers`` (id -> key entry), or with ``hidden_answers`` only say whether an
+    answer is well-formed (graded use)."""
     try:
         nb = nbformat.v4.reads(solution_text)  # plain JSON: no validation, no ids invented
     except json.JSONDecodeError as e:
@@ -113,8 +144,8 @@ def student_notebook(solution_text: str, solution_name: str, hidden_answers: boo
         if cell.get("id") == BANNER_ID:
             raise ReleaseError(f"{where}: the id {BANNER_ID!r} is reserved for the banner of the student copy")
         cell.source = strip_solutions(cell.source, where, cell.cell_type)
-        if cell.cell_type == "code" and hidden_answers:
-            cell.source = hide_answers(cell.source)
+        if cell.cell_type == "code":
+            cell.source = hide_answers(cell.source, None if hidden_answers else answers or {})
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
@@ -131,9 +162,67 @@ def _solutions(solution_dir: Path) -> list[Path]:
     return found
 
 
+def load_answer_key(solution_dir: Path) -> dict[str, QuestionKey]:
+    """The questions' answer key beside the solution notebooks (``answer_key.py``: ``KEY``, a list of
+    ``QuestionKey``), checked against the registered questions; ``ReleaseError`` otherwise."""
+    path = solution_dir / ANSWER_KEY
+    if not path.is_file():
+        raise ReleaseError(f"{path}: the questions' answer key is missing (it lives beside the solution notebooks)")
+    entries = runpy.run_path(str(path)).get("KEY")
+    if not isinstance(entries, list) or not all(isinstance(e, QuestionKey) for e in entries):
+        raise ReleaseError(f"{path}: KEY must be a list of QuestionKey")
+    keys = {e.id: e for e in entries}
+    missing = sorted({q.id for q in QUESTIONS} - set(keys))
+    if missing or len(keys) != len(entries):
+        raise ReleaseError(f"{path}: every question needs exactly one entry; missing: {', '.join(missing) or '-'}")
+    for q in QUESTIONS:
+        key = keys[q.id]
+        if (q.kind == "choice") != isinstance(key.answer, str) or (q.kind == "choice" and key.answer not in q.options):
+            raise ReleaseError(f"{path}: {q.id} is a {q.kind} question, its answer {key.answer!r} is not one")
+        if key.answer in key.hints:
+            raise ReleaseError(f"{path}: {q.id} has a hint for its own answer {key.answer!r}")
+    return keys
+
+
 def _expected(solution_dir: Path, hidden_answers: bool = False) -> dict[str, str]:
-    return {p.name: student_notebook(p.read_text(encoding="utf-8"), p.name, hidden_answers)
+    keys = load_answer_key(solution_dir) if (solution_dir / ANSWER_KEY).is_file() else {}
+    answers = {qid: key.entry() for qid, key in keys.items()}  # a question without one is refused, naming it
+    return {p.name: student_notebook(p.read_text(encoding="utf-8"), p.name, hidden_answers, answers)
             for p in _solutions(solution_dir)}
+
+
+def _check_answers_match(solution_dir: Path, keys: dict[str, QuestionKey]) -> None:
+    """Every question's solution cell returns the answer key's answer (``ReleaseError`` naming the first that
+    does not)."""
+    from course.exercises.questions import BY_ID, judge
+    from course.instructor.solutions import solution_functions
+
+    for path in _solutions(solution_dir):
+        for qid, fn in solution_functions(path).items():
+            if qid in BY_ID:
+                try:
+                    judge(BY_ID[qid], keys[qid].entry(), fn())
+                except AssertionError:
+                    raise ReleaseError(f"{path.name}: the solution of {qid} returns {fn()!r}, the answer key says "
+                                       f"{keys[qid].answer!r}") from None
+
+
+def write_grading_key(solution_dir: Path, copies: dict[str, str], key_path: Path, hidden_answers: bool,
+                      seed: int | None = None, passages: int = CAPSTONE_PASSAGES) -> None:
+    """The grading key of this release: answers, ``passages`` held-out passages (drawn at random; ``seed``
+    repeats a draw), and the released copies' line fingerprints."""
+    from course.instructor.grading.key import GradingKey, draw_passages, released_lines, write_key
+
+    keys = load_answer_key(solution_dir)
+    _check_answers_match(solution_dir, keys)
+    rng = random.Random(seed) if seed is not None else None
+    try:
+        held_out = draw_passages(passages, rng)
+    except FileNotFoundError as e:
+        raise ReleaseError(f"the capstone's held-out passages come from the course's texts: {e}") from None
+    notebooks = {name[:2]: released_lines(nbformat.reads(text, as_version=4)) for name, text in copies.items()}
+    write_key(GradingKey({qid: k.entry() for qid, k in keys.items()}, held_out, notebooks, hidden_answers),
+              key_path)
 
 
 def _written_by_release(path: Path) -> bool:
@@ -158,15 +247,23 @@ def _refuse_destructive(solution_dir: Path, student_dir: Path, expected: dict[st
                            f"banner): {', '.join(p.name for p in foreign)}; move them or choose another folder")
 
 
-def release(solution_dir: Path, student_dir: Path, hidden_answers: bool = False) -> list[Path]:
+def release(solution_dir: Path, student_dir: Path, hidden_answers: bool = False, key_path: Path | None = None,
+            seed: int | None = None) -> list[Path]:
     """Write the student copy of every solution notebook; remove student copies whose solution is gone.
     ``hidden_answers``: for graded use, the questions' checks only say whether an answer is well-formed.
+    ``key_path``: also write the grading key of this release there (``seed``: draw the same held-out passages).
 
-    Every notebook is converted, and the output folder checked, before anything is written, so a bad
-    marker or a destructive ``student_dir`` changes no file. Returns the paths written.
+    Every notebook is converted, the output folder checked and the key written before any copy is written, so
+    a bad marker, an answer key that disagrees with a solution or a destructive ``student_dir`` changes no file.
+    Returns the paths written.
     """
     expected = _expected(solution_dir, hidden_answers)
     _refuse_destructive(solution_dir, student_dir, expected)
+    if key_path is not None:
+        if key_path.resolve().is_relative_to(student_dir.resolve()):
+            raise ReleaseError(f"--key {key_path} is inside the student folder {student_dir}: the key would be "
+                               "handed out with the notebooks; write it elsewhere")
+        write_grading_key(solution_dir, expected, key_path, hidden_answers, seed)
     student_dir.mkdir(parents=True, exist_ok=True)
     for stale in student_dir.glob(SOLUTION_GLOB):
         if stale.name not in expected and _written_by_release(stale):

@@ -15,12 +15,16 @@ untrusted submissions inside a container or a throwaway account as well: the san
 submission's resources and lifetime, it does not hide your files from it (see docs/grading.md).
 
 Every registered exercise of the notebook (``course.exercises.REGISTRY``, ids ``"NN.*"``) gets one row:
-``student, notebook, exercise, points, max_points, status, feedback, submission, sha256``. ``status``
+``student, notebook, exercise, points, max_points, status, feedback, submission, sha256, cells_failed`` (the last:
+every cell of the submission that raised, whatever the exercises, so that a notebook broken elsewhere is seen).
+The grading key (``course.instructor.grading.key``, written by release) gives what the mechanisms cannot: the
+questions' answers and the capstone's held-out passages, measured after a checker passed, and the released copy's
+lines, which the scan of the source never holds against a student. ``status``
 is the checker's (``pass``, ``partial``: a measurement earned part of the points, ``wrong``, ``error``: the
-function raised, ``not_done``), or ``forwarded``
-(the function calls the course's reference implementation), ``review`` (correct, but the notebook
-reaches into the grader: points withheld), ``timeout``, ``not_reached`` (the feedback says why),
-``duplicate``, or ``error`` for a notebook that could not be run at all. A submission that cannot be
+function raised, ``not_done``), or ``forwarded`` (the function uses the course's own implementation of what the
+exercise asks for, a shortcut: the feedback names it), ``review`` (correct, but lines the student wrote reach into
+the grader: points withheld), ``timeout``, ``not_reached`` (the feedback says why), ``duplicate``, or ``error``
+for a notebook that could not be run at all. A submission that cannot be
 attributed (see ``course.instructor.grading.submissions``) gets a single row with an empty ``exercise``.
 """
 
@@ -47,6 +51,7 @@ from nbclient.exceptions import DeadKernelError
 import course.exercises  # noqa: F401  (registers every notebook's exercises)
 from course.exercises.core import AUTOFILL_ENV, REGISTRY, Exercise
 from course.instructor.grading.gradebook import Gradebook, file_digest, in_order
+from course.instructor.grading.key import GradingKey, measures, read_key
 from course.instructor.grading.pool import GradingPool
 from course.instructor.grading.remote import CheckResult, CheckServer
 from course.instructor.grading.sandbox import Limits, SandboxedKernelManager, stop_sandbox
@@ -56,8 +61,9 @@ from course.instructor.grading.submissions import UNKNOWN_STUDENT, Submission, f
 from course.progress import PROGRESS_ENV
 from course.threads import THREADS_ENV
 
-__all__ = ["grade_submission", "grade", "thread_env", "Limits"]
+__all__ = ["grade_submission", "grade", "thread_env", "Limits", "NEEDS_KEY"]
 
+NEEDS_KEY = ("question", "capstone")  # exercises graded with what only the key holds
 INJECTED_PARAMETERS = "# Parameters injected by the autograder\nFAST = True\nAUTOFILL = False\n"
 TIMEOUT_ENAME = "CellTimeout"
 KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "XDG_CACHE_HOME",
@@ -183,9 +189,10 @@ def _run_cells(client: _QuietClient, run_nb: nbformat.NotebookNode, nb: nbformat
 
 # ----------------------------------------------------------------------------- scoring
 def _row(sub: Submission, exercise: str, points: int, max_points: int, status: str, feedback: str,
-         digest: str) -> dict:
+         digest: str, cells_failed: str = "") -> dict:
     return dict(student=sub.student, notebook=sub.notebook or "", exercise=exercise, points=points,
-                max_points=max_points, status=status, feedback=feedback, submission=str(sub.path), sha256=digest)
+                max_points=max_points, status=status, feedback=feedback, submission=str(sub.path), sha256=digest,
+                cells_failed=cells_failed)
 
 
 def _check_cell(nb: nbformat.NotebookNode, exercise: str) -> int | None:
@@ -229,26 +236,34 @@ def thread_env(threads: int | None) -> dict[str, str]:
 
 
 def _run_and_check(nb: nbformat.NotebookNode, exercises: list[Exercise], timeout: int, total_timeout: int,
-                   limits: Limits, threads: int | None) -> tuple[_Run, dict[str, CheckResult]]:
+                   limits: Limits, threads: int | None, key: GradingKey) -> tuple[_Run, dict[str, CheckResult]]:
     with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:  # random name, mode 700
         work, control = Path(tmp) / "work", Path(tmp) / "control"
         work.mkdir(mode=0o700)
         control.mkdir(mode=0o700)
-        with CheckServer(control, exercises, timeout) as server:
+        with CheckServer(control, exercises, timeout, measures(key)) as server:
             env = _minimal_env({**server.env(), AUTOFILL_ENV: "0", "COURSE_FAST": "1", "TMPDIR": str(work),
                                 PROGRESS_ENV: "off", **thread_env(threads)})  # nobody watches these bars
             run = _execute(nb, work, control, env, timeout, total_timeout, limits)
         return run, server.snapshot()
 
 
+def _failed_cells(nb: nbformat.NotebookNode, run: _Run) -> str:
+    """'cell 12 (`...`): NameError: ...; ...' for every cell that raised (empty when none did)."""
+    failed = [f"{_describe(nb, i)}: {o.error}" for i, o in sorted(run.cells.items()) if o.error is not None]
+    if run.stopped:
+        failed.append(f"stopped: {run.stopped}")
+    return "; ".join(failed)[:2000]
+
+
 def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | None = None,
-                     limits: Limits | None = None, threads: int | None = None) -> list[dict]:
+                     limits: Limits | None = None, threads: int | None = None, *, key: GradingKey) -> list[dict]:
     """Execute one submitted notebook and return one row per exercise of its notebook.
 
     ``timeout``: seconds each cell may run; ``total_timeout``: seconds the whole notebook may run
     (default 6 x ``timeout``); ``limits``: the sandbox's (default: CPU time 2 x ``total_timeout``);
-    ``threads``: torch threads of the kernel (default: the notebook chooses). Never raises because of
-    the submission's content.
+    ``threads``: torch threads of the kernel (default: the notebook chooses); ``key``: the grading key of the
+    release the submission was made from. Never raises because of the submission's content.
     """
     if timeout < 1:
         raise ValueError(f"timeout must be at least 1 second, got {timeout}")
@@ -270,40 +285,47 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
         return [_row(sub, ex.id, 0, ex.points, "duplicate", sub.problem, digest) for ex in exercises]
     try:
         nb = nbformat.reads(sub.path.read_text(encoding="utf-8"), as_version=4)
-        run, results = _run_and_check(nb, exercises, timeout, total_timeout, limits, threads)
+        run, results = _run_and_check(nb, exercises, timeout, total_timeout, limits, threads, key)
     except Exception as e:  # unreadable notebook or a kernel that would not start
         return [_row(sub, ex.id, 0, ex.points, "error", f"the notebook could not be run: {type(e).__name__}: {e}",
                      digest) for ex in exercises]
-    internals = grader_internals(nb)
+    internals = grader_internals(nb, key.released(sub.notebook))
+    measured = measures(key)
+    failed = _failed_cells(nb, run)
     rows = []
     for ex in exercises:
         result = results.get(ex.id)
         status, feedback = (result.status, result.feedback) if result else _why_not_checked(nb, ex.id, run)
         points = result.points if result else 0  # the check's: all on pass, some on partial, else none
+        if ex.kind in NEEDS_KEY and ex.id not in measured:
+            status, points = "error", 0
+            feedback = "not graded: the grading key holds nothing for this exercise (release again with --key)"
         if status in ("pass", "partial") and internals:
             status, points = "review", 0
-            feedback = ("correct, but the notebook reaches into the grader, points withheld until reviewed: "
+            feedback = ("correct, but lines you wrote reach into the grader, points withheld until reviewed: "
                         + "; ".join(internals[:3]))
-        rows.append(_row(sub, ex.id, points, ex.points, status, feedback, digest))
+        rows.append(_row(sub, ex.id, points, ex.points, status, feedback, digest, failed))
     return rows
 
 
 def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None = None, layout: str = "folders",
           limits: Limits | None = None, gradebook: Gradebook | None = None,
           progress: Callable[[str], None] | None = None, stop: threading.Event | None = None, jobs: int = 1,
-          threads: int | None = None, shard: Shard | None = None) -> list[dict]:
+          threads: int | None = None, shard: Shard | None = None, *, key: Path) -> list[dict]:
     """Grade every submission found under ``paths`` (with ``shard``, only that shard's); with ``gradebook``,
     skip the unchanged submissions it already holds and write it after each submission (and, with ``shard``,
     the shard's record beside it). Returns the rows in the gradebook's order (the gradebook's, when given).
 
     ``jobs``: submissions graded at once (each in its own grading process when more than one), each kernel
-    with ``threads`` torch threads; the rows do not depend on either. ``stop``: set by a signal handler; the
+    with ``threads`` torch threads; the rows do not depend on either. ``key``: the grading key file that release
+    wrote (read before anything is graded). ``stop``: set by a signal handler; the
     submission being graded then is not recorded, whatever its interrupted run returned, and
     ``KeyboardInterrupt`` is raised."""
     if not sys.platform.startswith("linux"):
         raise ValueError("grading needs Linux (the sandbox uses prctl and /proc): run it in a Linux container or VM")
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
+    grading_key = read_key(key)
     mine = [sub for sub in find_submissions(paths, layout) if shard is None or shard.holds(sub)]
     if shard is not None and gradebook is not None:
         write_record(gradebook.folder, shard, [str(p) for p in paths], layout, mine, complete=False)
@@ -318,10 +340,10 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
     jobs = min(jobs, len(todo))
     with ExitStack() as stack:
         if jobs <= 1:
-            finished = ((sub, grade_submission(sub, timeout, total_timeout, limits, threads))
+            finished = ((sub, grade_submission(sub, timeout, total_timeout, limits, threads, key=grading_key))
                         for sub in _announce(todo, progress))
         else:
-            finished = stack.enter_context(GradingPool(jobs, timeout, total_timeout, limits, threads)).grade(
+            finished = stack.enter_context(GradingPool(jobs, timeout, total_timeout, limits, threads, key)).grade(
                 todo, progress)
         for sub, new in finished:
             if stop is not None and stop.is_set():

@@ -24,7 +24,8 @@ from pathlib import Path
 __all__ = ["COLUMNS", "GradebookError", "Gradebook", "csv_cell", "file_digest", "atomic_write", "read_rows", "in_order",
            "totals", "format_gradebook"]
 
-COLUMNS = ("student", "notebook", "exercise", "points", "max_points", "status", "feedback", "submission", "sha256")
+COLUMNS = ("student", "notebook", "exercise", "points", "max_points", "status", "feedback", "submission", "sha256",
+           "cells_failed")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 

@@ -44,9 +44,10 @@ class GradingPool:
     Use it as a context manager: leaving the block stops every process (and, with it, its kernel)."""
 
     def __init__(self, jobs: int, timeout: int, total_timeout: int | None, limits: Limits | None,
-                 threads: int | None) -> None:
+                 threads: int | None, key: Path) -> None:
         self.settings = json.dumps({"timeout": timeout, "total_timeout": total_timeout, "threads": threads,
-                                    "limits": dataclasses.asdict(limits) if limits else None})
+                                    "limits": dataclasses.asdict(limits) if limits else None,
+                                    "key": str(Path(key).resolve())})
         self.jobs = jobs
         self.processes: list[subprocess.Popen] = []
 
@@ -141,15 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from course.instructor.grading.grade import grade_submission
+    from course.instructor.grading.key import read_key
 
     if settings["threads"]:
         torch.set_num_threads(settings["threads"])
     limits = Limits(**settings["limits"]) if settings["limits"] else None
+    key = read_key(Path(settings["key"]))
     try:
         while line := sys.stdin.readline():
             task = json.loads(line)
             sub = Submission(Path(task["path"]), task["student"], task["notebook"], task["problem"])
-            rows = grade_submission(sub, settings["timeout"], settings["total_timeout"], limits, settings["threads"])
+            rows = grade_submission(sub, settings["timeout"], settings["total_timeout"], limits, settings["threads"],
+                                    key=key)
             if stopping:  # interrupted: whatever the run returned is not a grade
                 return 130
             answers.write(json.dumps(rows, ensure_ascii=False) + "\n")

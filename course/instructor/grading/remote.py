@@ -1,11 +1,13 @@
 """The grader's side of a graded check: the checker runs here, the student's function over a socket.
 
 ``CheckServer`` listens on a Unix socket in the grader's private folder. Each ``check(...)`` cell of
-the notebook connects (see ``course.instructor.grading.worker``), names its exercise and then answers calls.
+the notebook connects (see ``course.exercises.serve``), names its exercise and then answers calls.
 The server runs the exercise's checker in the grader's process with a ``StudentFunction`` in place
 of the student's function: each call sends the checker's arguments by value (objects the checker
 keeps, such as a model wrapped in a call counter, as handles) and receives the answer as plain data.
-The result of each exercise is decided here, once (the first check of an exercise counts).
+The result of each exercise is decided here, once (the first check of an exercise counts). What the key
+adds to a check (a question's answer, the capstone's held-out measurement) runs here too, after the checker
+passed (``measures``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic
 from typing import Any
+from collections.abc import Callable
 
 import torch
 
-from course.instructor.grading import wire
-from course.exercises.core import Exercise, StudentRaised, outcome
+from course.exercises import wire
+from course.exercises.core import Exercise, StudentRaised, outcome, shortcut_feedback
+
+Measure = Callable[[Callable], "str | None"]
 
 __all__ = ["CheckServer", "CheckResult", "StudentFunction", "WorkerLost"]
 
@@ -103,7 +108,8 @@ class StudentFunction:
 
     def __init__(self, conn: socket.socket, deadline: float) -> None:
         self.conn, self.deadline, self.handles = conn, deadline, _Handles()
-        self.calls, self.reached_reference = 0, False
+        self.calls = 0
+        self.reached: str | None = None  # the first shortcut the kernel saw the function reach
 
     def _recv(self) -> Any:
         left = self.deadline - monotonic()
@@ -131,16 +137,20 @@ class StudentFunction:
             if kind == "cb" and len(message) == 6:
                 self._serve_request(*message[1:])
             elif kind == "returned" and len(message) == 4 and message[1] == call_id:
-                self.reached_reference |= bool(message[3])
+                self._reached(message[3])
                 return self.handles.resolve(message[2])
             elif kind == "raised" and len(message) == 7 and message[1] == call_id:
                 _, _, type_name, text, where, reached, not_done = message
-                self.reached_reference |= bool(reached)
+                self._reached(reached)
                 if not_done:
                     raise NotImplementedError(str(text))
                 raise StudentRaised(str(type_name), str(text), str(where))
             else:
                 raise WorkerLost("the kernel sent something that is not an answer")
+
+    def _reached(self, name: Any) -> None:
+        if self.reached is None and isinstance(name, str) and name:
+            self.reached = name[:200]
 
     def _serve_request(self, op: Any, ref: Any, name: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -153,35 +163,32 @@ class StudentFunction:
             raise WorkerLost(f"the kernel stopped answering ({e})") from None
 
 
-def _reference_name(ex: Exercise) -> str:
-    ref = inspect.unwrap(ex.reference)
-    return f"{ref.__module__}.{ref.__qualname__}"
-
-
-def check_remotely(ex: Exercise, conn: socket.socket, is_reference: bool, time_limit: float) -> CheckResult | None:
-    """Run ``ex``'s checker against the function the kernel serves on ``conn``; None when the kernel
-    broke off (its cell's outcome then explains what happened)."""
+def check_remotely(ex: Exercise, conn: socket.socket, is_shortcut: str, time_limit: float,
+                   measure: Measure | None = None) -> CheckResult | None:
+    """Run ``ex``'s checker (then ``measure``) against the function the kernel serves on ``conn``; None when the
+    kernel broke off (its cell's outcome then explains what happened)."""
     fn = StudentFunction(conn, monotonic() + time_limit)
     try:
-        status, feedback, points = outcome(ex, fn, graded=True)
+        status, feedback, points = outcome(ex, fn, measure)
     except WorkerLost as lost:
         if lost.timed_out:
             return CheckResult("timeout", f"timed out after {time_limit:g} s while your function was checked "
                                           "(an endless loop?)")
         return None
-    if is_reference or fn.reached_reference:
-        return CheckResult("forwarded", f"your function calls the course's reference implementation "
-                                        f"({_reference_name(ex)}) instead of computing the answer")
+    if is_shortcut:
+        return CheckResult("forwarded", shortcut_feedback(is_shortcut))
     return CheckResult(status, feedback, points)
 
 
 class CheckServer:
     """Accepts the check connections of one submission's kernel and records one result per exercise."""
 
-    def __init__(self, folder: Path, exercises: list[Exercise], time_limit: float) -> None:
+    def __init__(self, folder: Path, exercises: list[Exercise], time_limit: float,
+                 measures: dict[str, Measure] | None = None) -> None:
         self.path = folder / "grader.sock"
         self.token = secrets.token_hex(16)
         self.exercises = {ex.id: ex for ex in exercises}
+        self.measures = measures or {}
         self.time_limit = time_limit
         self.results: dict[str, CheckResult] = {}
         self._lock = threading.Lock()
@@ -193,7 +200,7 @@ class CheckServer:
         self._thread = threading.Thread(target=self._serve, name="course-check-server", daemon=True)
 
     def env(self) -> dict[str, str]:
-        from course.instructor.grading.worker import SOCKET_ENV, TOKEN_ENV
+        from course.exercises.serve import SOCKET_ENV, TOKEN_ENV
 
         return {SOCKET_ENV: str(self.path), TOKEN_ENV: self.token}
 
@@ -236,7 +243,8 @@ class CheckServer:
             if ex is None or ex.id in self.results:
                 ex = None
         if ex is not None:
-            result = check_remotely(ex, conn, bool(hello[3]), self.time_limit)
+            shortcut = hello[3] if isinstance(hello[3], str) else ""
+            result = check_remotely(ex, conn, shortcut, self.time_limit, self.measures.get(ex.id))
             if result is not None:
                 with self._lock:
                     self.results.setdefault(ex.id, result)

@@ -81,9 +81,10 @@ def _class_folder(folder: Path, submissions: list[Path], copies: int) -> Path:
     return folder
 
 
-def measure_grading(submissions: list[Path], copies: int, jobs: list[int], work: Path, timeout: int = 300,
+def measure_grading(submissions: list[Path], copies: int, jobs: list[int], work: Path, key: Path, timeout: int = 300,
                     progress: bool = True) -> dict:
-    """Grade ``copies`` submissions once per value of ``jobs`` (each kernel with cores // jobs threads)."""
+    """Grade ``copies`` submissions once per value of ``jobs`` (each kernel with cores // jobs threads), with the
+    grading ``key`` of the release they were made from."""
     if copies < 1:
         raise ValueError(f"--copies must be at least 1, got {copies}")
     for path in submissions:
@@ -97,7 +98,7 @@ def measure_grading(submissions: list[Path], copies: int, jobs: list[int], work:
         book = Gradebook(work / f"jobs-{j}", regrade=True)
         cpu0, start = _cpu_seconds(), time.perf_counter()
         with _PeakMemory() as memory:
-            rows = grade([class_dir], timeout, gradebook=book, jobs=j, threads=threads)
+            rows = grade([class_dir], timeout, gradebook=book, jobs=j, threads=threads, key=key)
         wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu0
         runs.append({"jobs": j, "threads": threads, "submissions": copies, "wall_s": wall,
                      "per_minute": 60 * copies / wall, "cpu_s_per_submission": cpu / copies,

@@ -1,16 +1,17 @@
 """The kernel's side of a graded check: answer the grader's calls with the student's function.
 
-When the autograder runs a notebook, ``check(id, fn)`` calls ``serve(id, fn, reference)``: it connects
+When the autograder runs a notebook, ``check(id, fn)`` calls ``serve(id, fn, shortcuts)``: it connects
 to the grader (socket path and token in the kernel's environment), and then, until the grader says
 "done", calls ``fn`` with the arguments the grader sends and sends back what it returned or raised.
 The grader runs the checker and decides pass or fail in its own process; nothing here computes or
 reports a score. Objects the grader keeps (the checker's model, a cache, a policy) arrive as
 ``RemoteObject`` handles: calling one, reading a public attribute or indexing it asks the grader.
 
-While ``fn`` runs, the worker watches whether the exercise's reference implementation is entered (a
-profile hook on its code object) and says so with the answer; the grader reports such an answer as
-forwarded to the reference. This code runs in the student's process: a submission can disable it,
-but only to its own loss, since a silent or wrong answer scores nothing.
+While ``fn`` runs, the kernel watches whether one of the exercise's shortcuts (the course's own implementation
+of what the exercise asks for, ``course.exercises.shortcuts``) is entered and names it with the answer; the
+grader reports such an answer as a shortcut, with 0 points. This code runs in the student's process: a
+submission can disable the watch, but the grader also reads the submitted source (lines that switch off profile
+hooks are put up for review), and the builds' models refuse the shortcuts in the grader's own process.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from __future__ import annotations
 import inspect
 import os
 import socket
-import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from course.instructor.grading import wire
+from course.exercises import wire
+from course.exercises.shortcuts import call_watching, code_objects
 
 __all__ = ["SOCKET_ENV", "TOKEN_ENV", "RemoteObject", "serve", "grading"]
 
@@ -92,53 +93,30 @@ def _incoming(sock: socket.socket, value: Any) -> Any:
     return value
 
 
-def _reference_code(reference: Callable) -> Any:
-    return getattr(inspect.unwrap(reference), "__code__", None)
-
-
-def _call_watching(fn: Callable, args: tuple, kwargs: dict, target: Any) -> tuple[Any, bool]:
-    """(what ``fn`` returned, whether the reference's code ran meanwhile); exceptions propagate with
-    the flag attached as ``_course_reached``."""
-    reached = False
-
-    def profile(frame, event, arg) -> None:
-        nonlocal reached
-        if event == "call" and frame.f_code is target:
-            reached = True
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        return fn(*args, **kwargs), reached
-    except BaseException as e:
-        e._course_reached = reached  # type: ignore[attr-defined]
-        raise
-    finally:
-        sys.setprofile(previous)
-
-
 def _where(e: BaseException) -> str:
     frames = traceback.extract_tb(e.__traceback__)
     return next((f"line {f.lineno}" for f in reversed(frames) if "course" not in f.filename), "")
 
 
-def _answer(sock: socket.socket, fn: Callable, call_id: int, args: Any, kwargs: Any, target: Any) -> None:
+def _answer(sock: socket.socket, fn: Callable, call_id: int, args: Any, kwargs: Any, codes: dict) -> None:
     try:
-        result, reached = _call_watching(fn, _incoming(sock, args), _incoming(sock, kwargs), target)
+        result, reached = call_watching(fn, _incoming(sock, args), _incoming(sock, kwargs), codes)
     except Exception as e:
         wire.send(sock, ("raised", call_id, type(e).__name__, str(e)[:500], _where(e),
-                         bool(getattr(e, "_course_reached", False)), isinstance(e, NotImplementedError)))
+                         getattr(e, "_course_reached", None) or "", isinstance(e, NotImplementedError)))
         return
-    wire.send(sock, ("returned", call_id, _outgoing(result), reached))
+    wire.send(sock, ("returned", call_id, _outgoing(result), reached or ""))
 
 
-def serve(exercise_id: str, fn: Callable, reference: Callable) -> None:
-    """Answer the grader's calls of ``fn`` for one exercise; returns when the grader is done (or absent)."""
+def serve(exercise_id: str, fn: Callable, shortcuts: tuple = ()) -> None:
+    """Answer the grader's calls of ``fn`` for one exercise; returns when the grader is done (or absent).
+    ``shortcuts``: the exercise's (see ``course.exercises.shortcuts``), watched while ``fn`` answers."""
     path, token = os.environ.get(SOCKET_ENV), os.environ.get(TOKEN_ENV, "")
     if not path:
         return
-    target = _reference_code(reference)
-    is_reference = fn is reference or (target is not None and _reference_code(fn) is target)
+    codes = code_objects(shortcuts)
+    own = getattr(inspect.unwrap(fn), "__code__", None)
+    is_shortcut = codes.get(own, "") if own is not None else ""  # the function *is* one of the course's
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path)
@@ -146,12 +124,12 @@ def serve(exercise_id: str, fn: Callable, reference: Callable) -> None:
         return
     with sock:
         try:
-            wire.send(sock, ("hello", token, exercise_id, is_reference))
+            wire.send(sock, ("hello", token, exercise_id, is_shortcut))
             while True:
                 message = wire.recv(sock)
                 if message[0] != "call":
                     return
                 _, call_id, args, kwargs = message
-                _answer(sock, fn, call_id, args, kwargs, target)
+                _answer(sock, fn, call_id, args, kwargs, codes)
         except (wire.WireError, OSError):
             return

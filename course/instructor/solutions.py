@@ -1,0 +1,97 @@
+"""The solution notebooks, read as the instructor's source of truth for the exercises.
+
+* ``exercise_cells(nb)``: for every ``check("NN.name", fn, ...)`` cell, the solution cell that defines ``fn``;
+* ``solution_functions(path)``: the solutions as functions (the notebook's imports and its solution cells' function
+  definitions, run in one namespace in notebook order, so that a solution may call an earlier one);
+* ``paste_solutions(student, solution)``: a released student copy filled in as an honest student would, each
+  exercise's region replaced by the solution's lines (markers dropped), nothing else changed.
+
+Nothing here is imported by a notebook or installed for students to use: the solutions live in the solution
+notebooks, never in ``course``.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+__all__ = ["ExerciseCell", "exercise_cells", "solution_functions", "paste_solutions", "without_markers"]
+
+_CHECK = re.compile(r'(\w+)\s*=\s*check\(\s*"(\d\d\.\w+)"\s*,\s*(\w+)')
+_MARKER = re.compile(r"^\s*#*\s*(BEGIN|END) SOLUTION\s*$")
+
+
+@dataclass(frozen=True)
+class ExerciseCell:
+    id: str  # "02.window_stream_nll"
+    name: str  # the function the check cell hands over
+    solution: int  # index of the code cell that defines it (with its solution region)
+    check: int  # index of the check cell
+
+
+def exercise_cells(nb: nbformat.NotebookNode) -> dict[str, ExerciseCell]:
+    """Every checked exercise of a solution (or student) notebook, by id."""
+    found = {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for match in _CHECK.finditer(cell.source):
+            name = match.group(3)
+            defining = [i for i in range(index) if nb.cells[i].cell_type == "code"
+                        and re.search(rf"^\s*def {name}\(", nb.cells[i].source, re.M)]
+            if not defining:
+                raise ValueError(f"{match.group(2)}: no cell before the check cell defines {name}()")
+            found[match.group(2)] = ExerciseCell(match.group(2), name, defining[-1], index)
+    return found
+
+
+def without_markers(source: str) -> str:
+    """A solution cell as a student would have typed it: the region's lines without the marker lines."""
+    return "\n".join(line for line in source.split("\n") if not _MARKER.match(line))
+
+
+def _definitions(source: str) -> str:
+    """The imports and function definitions of a cell (whatever else it runs is left out)."""
+    tree = ast.parse(source)
+    kept = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef))]
+    return ast.unparse(ast.Module(body=kept, type_ignores=[]))
+
+
+def _imports(source: str) -> str:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # a cell with IPython magics: it imports nothing a solution needs
+        return ""
+    kept = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    return ast.unparse(ast.Module(body=kept, type_ignores=[]))
+
+
+def solution_functions(path: Path) -> dict[str, Callable]:
+    """{exercise id: its solution function} of one solution notebook."""
+    nb = nbformat.read(path, as_version=4)
+    cells = exercise_cells(nb)
+    namespace: dict = {"__name__": f"solutions_{path.stem}"}
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            exec(compile(_imports(cell.source), str(path), "exec"), namespace)
+    for index in sorted({c.solution for c in cells.values()}):
+        exec(compile(_definitions(nb.cells[index].source), f"{path.name}, cell {index + 1}", "exec"), namespace)
+    return {ex.id: namespace[ex.name] for ex in cells.values()}
+
+
+def paste_solutions(student: nbformat.NotebookNode, solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The student copy with every cell that had a solution region (code and text) as the solution notebook has
+    it, markers dropped; cells are matched by id. Returns a new notebook."""
+    filled = copy.deepcopy(student)
+    by_id = {cell.get("id"): cell for cell in solution.cells}
+    for cell in filled.cells:
+        source = by_id.get(cell.get("id"))
+        if source is not None and "BEGIN SOLUTION" in source.source:
+            cell.source = without_markers(source.source)
+    return filled
