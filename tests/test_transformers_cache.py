@@ -280,14 +280,24 @@ def test_hooks_act_only_for_their_own_cache():
 def test_bench_report_goes_between_markers(tmp_path):
     from course.instructor.transformers_bench import BEGIN, END, write_transformers_cache_report
 
-    result = {"model": "m", "device": "cpu", "context": 64, "sinks": 4, "steps": 2, "reps": 3,
-              "machine": {"processor": "x", "cpu_threads": 2, "torch": "t"},
-              "ms_per_token": {"dynamic": 10.0, "policy": 10.5, "course": 12.0},
-              "policy_over_dynamic": 1.05, "course_over_transformers": 1.2, "course_over_policy": 12 / 10.5}
+    def spread(median: float, low: float, high: float) -> dict:
+        return {"median": median, "min": low, "max": high}
+
+    rows = [{"context": 64, "ms_per_token": {"dynamic": spread(10.0, 9.0, 11.0), "policy": spread(10.5, 10.0, 12.0),
+                                             "course": spread(9.5, 9.0, 10.0)},
+             "policy_over_dynamic": spread(1.05, 1.01, 1.09), "course_over_dynamic": spread(0.95, 0.9, 1.02)},
+            {"context": 512, "ms_per_token": {"dynamic": spread(20.0, 19.0, 21.0), "policy": spread(24.0, 23.0, 25.0)},
+             "policy_over_dynamic": spread(1.2, 1.15, 1.25)}]
+    result = {"model": "m", "device": "cpu", "sinks": 4, "steps": 2, "reps": 5,
+              "machine": {"processor": "x", "cpu_threads": 2, "torch": "t"}, "rows": rows}
     doc = tmp_path / "benchmarks.md"
     doc.write_text(f"# B\n\n{BEGIN}\nold\n{END}\n\nafter\n")
     write_transformers_cache_report(result, doc, "python -m course bench --transformers-cache")
     text = doc.read_text()
     assert "old" not in text and text.endswith("after\n") and text.count(BEGIN) == 1
-    assert "| PolicyCache / DynamicCache (transformers) | 1.05 | <= 1.1 (meets it) |" in text
-    assert "| course decode / transformers' decode (DynamicCache) | 1.20 |" in text
+    assert "| 64 | 10.0 (9.0-11.0) | 10.5 (10.0-12.0) | 9.5 (9.0-10.0) | 1.05 (1.01-1.09) | 0.95 (0.90-1.02) |" in text
+    assert "| 512 | 20.0 (19.0-21.0) | 24.0 (23.0-25.0) |  | 1.20 (1.15-1.25) |  |" in text
+    assert "| PolicyCache / DynamicCache <= 1.1 at 64 tokens | 1.05 (1.01-1.09) | meets it |" in text
+    assert "| PolicyCache / DynamicCache <= 1.1 at 512 tokens | 1.20 (1.15-1.25) | **misses it** |" in text
+    assert "| course decode / transformers' decode <= 1.0 at 64 tokens | 0.95 (0.90-1.02) | meets it |" in text
+    assert "at 512 tokens" not in text.split("course decode / transformers' decode <= 1.0")[-1]
