@@ -508,7 +508,8 @@ class KVCache:
                            torch.promote_types(keys.dtype, torch.float32))
 
     @_no_grad
-    def _rotate(self, layer: LayerCache, slots: tuple[Tensor, ...], offsets: Tensor, tables: tuple[Tensor, Tensor]) -> None:
+    def _rotate(self, layer: LayerCache, slots: tuple[Tensor, ...], offsets: Tensor,
+                tables: tuple[Tensor, Tensor]) -> None:
         """Rotate the keys at ``slots`` (indices into [B, H_kv, S]) to ``offsets`` ([M]) beyond their original
         positions, from their originals, with ``tables = _tables_of(offsets)``."""
         from course.models.llama import rope
@@ -653,7 +654,7 @@ class CacheGroup:
             raise ValueError("CacheGroup needs at least one cache")
         first = caches[0]
         for c in caches[1:]:
-            if c.shape != first.shape or c.dtype != first.dtype or c.seen != first.seen or c.rope_theta != first.rope_theta:
+            if (c.shape, c.dtype, c.seen, c.rope_theta) != (first.shape, first.dtype, first.seen, first.rope_theta):
                 raise ValueError(f"the caches of a group must have one shape, dtype, stream position and key rotation; "
                                  f"got {first!r} and {c!r}")
         if any(c.chunks != "prompt" for c in caches):

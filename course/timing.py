@@ -11,8 +11,8 @@ import torch
 from course.models.base import CausalLM
 from course.policies import H2O, Policy, make_policy
 
-__all__ = ["median_seconds", "alternate", "alternate_times", "decode_cost_vs_context", "streaming_vs_recompute", "bench_policies",
-           "compressed_prompt_speedup", "BENCH_POLICIES", "synchronize", "count_flops"]
+__all__ = ["median_seconds", "alternate", "alternate_times", "decode_cost_vs_context", "streaming_vs_recompute",
+           "bench_policies", "compressed_prompt_speedup", "BENCH_POLICIES", "synchronize", "count_flops"]
 
 
 def synchronize(device: torch.device | None) -> None:

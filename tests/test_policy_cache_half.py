@@ -64,7 +64,8 @@ def key_errors(cache: PolicyCache, arrived, rule: str) -> tuple[float, int]:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-@pytest.mark.parametrize("name,kw,impl", EVERY_RULE, ids=[f"{n}-{kw.get('positions', 'default')}" for n, kw, _ in EVERY_RULE])
+@pytest.mark.parametrize("name,kw,impl", EVERY_RULE,
+                         ids=[f"{n}-{kw.get('positions', 'default')}" for n, kw, _ in EVERY_RULE])
 def test_half_precision_keys_stay_exact_over_a_long_stream(dtype, name, kw, impl):
     hf = tiny_half(dtype, impl)
     policy = make_policy(name, BUDGET, model=course_config(hf), **kw)

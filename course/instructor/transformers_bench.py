@@ -69,8 +69,8 @@ def _decoders(hf, model, ids: torch.Tensor, context: int, steps: int, sinks: int
         hf(prompt, cache=caches["policy"], use_cache=True)
         fns["policy"] = lambda: run("policy", lambda x: hf(x, cache=caches["policy"], use_cache=True))
     if "course" in which:
-        caches["course"], _ = compress_prompt(model, prompt, make_policy("streaming", context, sinks=sinks, model=model),
-                                              logits_to_keep=1)
+        course_policy = make_policy("streaming", context, sinks=sinks, model=model)
+        caches["course"], _ = compress_prompt(model, prompt, course_policy, logits_to_keep=1)
         fns["course"] = lambda: run("course", lambda x: model(x, cache=caches["course"]))
     return fns, caches
 
@@ -81,7 +81,8 @@ def _spread(values: list[float]) -> dict:
 
 @torch.inference_mode()
 def bench_transformers_cache(model_name: str = "smollm2-135m", device: str = "cpu",
-                             policy_contexts: tuple[int, ...] = (1024, 8192), course_contexts: tuple[int, ...] = (256, 1024),
+                             policy_contexts: tuple[int, ...] = (1024, 8192),
+                             course_contexts: tuple[int, ...] = (256, 1024),
                              steps: int = 4, reps: int = 5, sinks: int = 4, progress: bool = True) -> dict:
     """Per-token decode of the decoders at each context; returns times (ms, median and range) and ratios (median
     and range over rounds)."""
