@@ -1,9 +1,43 @@
 """attention-sinks-course: how LLM serving survives the KV cache.
 
-Readable, device-agnostic PyTorch for every mechanism the notebooks teach: models that own
-their KV cache (``course.models``), the cache (``course.kvcache``), eviction policies
-(``course.policies``), streaming evaluation (``course.streaming``), attention analysis
-(``course.attention``), data and assets (``course.data``, ``course.assets``).
+Readable, device-agnostic PyTorch for every mechanism the notebooks teach. The map of the package (the runtime
+path reads policy -> cache -> attention; ``tests/test_package.py`` checks that this map names every module):
+
+What a student's kernel imports
+  ``course.policies``            eviction policies behind one interface, and the table that declares each one
+  ``course.function_policy``     policies whose decisions are a notebook's own functions of tensors
+  ``course.kvcache``             the KV cache: slots, eviction by a policy's scores, prompt compression
+  ``course.models``              models that own their KV cache (one ``Family`` per architecture; ``attend``)
+  ``course.compression``         the one prompt-compression step that generation and evaluation share
+  ``course.streaming``           a long text through a bounded cache: perplexity and what it costs
+  ``course.evaluate``            needle retrieval under a compressed cache, continuations, budget sweeps
+  ``course.generate``            generation and chat through a compressed cache
+  ``course.transformers_cache``  the course's policies inside transformers' ``generate``
+  ``course.attention_analysis``  where attention goes: sink mass, sink heads, residual and value norms, ablation
+  ``course.train``               tiny models pretrained with and without a sink token or sink logit
+  ``course.passages``            results over many passages (spreads, intervals)
+  ``course.stats``               intervals: the bootstrap and the range every verdict is judged on
+  ``course.claims``              the scientific claims a notebook asserts, and their verdicts
+  ``course.papers``              the published numbers the course quotes
+  ``course.memory``              bytes per token of a KV cache for current models' layouts
+  ``course.timing``              timings measured side by side, the policies' speed and memory
+  ``course.threads``             how many torch threads to use here
+  ``course.builds``              what the build exercises plug into
+  ``course.exercises``           every notebook's checkers and ``check`` (what a check cell calls)
+  ``course.notebook``            the lines every notebook runs after its parameters cell
+  ``course.plots``               the notebooks' figures
+  ``course.widgets``             the interactive explorers (attention maps, what a cache keeps)
+  ``course.progress``            one progress bar for every long loop
+  ``course.data``                texts: the Austen novels offline, local files, PG-19 / wikitext online
+  ``course.assets``              where the models and texts come from and where they are kept
+  ``course.manifest``            checksums of a cache folder's files
+  ``course.model_names``         the model, device and seed names the course accepts
+
+The command line (``python -m course``), the door to both rooms
+  ``course.cli``                 one module per command group
+
+What the instructor keeps (never imported by the above)
+  ``course.instructor``          grading, release, site, host, benchmarks of the notebooks and of grading
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Scientific claims that a notebook asserts about the model that ran.
+"""Scientific claims that a notebook asserts about the model that ran, and the rows of the reproduction table.
 
 A notebook's mechanics (a cached decode equals a full forward, the cache holds what its policy keeps)
 hold for any weights and are plain ``assert``s. Its *findings* (the first token is a sink, a window
@@ -8,15 +8,26 @@ to run every notebook through the GPT-2 code paths offline) prints and records t
 
     claim(collapse >= 5, "evicting the first tokens makes perplexity explode", model)
 
-Reproductions. Where a notebook re-runs a published result it records one row with ``reproduction``: the
-paper result (a key of ``course.papers.RESULTS``, which holds the published numbers), the paper's number for
-the quantity compared, the notebook's own number, the scale it ran at, and a ``Rule`` written in the notebook
-*before* the run that turns the measured number into a verdict — ``reproduced``, ``partly`` or ``not
-reproduced at this scale`` — with the reason:
+Three kinds of row, kept apart (``docs/reproductions.md`` counts only the first):
+
+* **reproduction** (``reproduction``): a paper's quantity re-measured in its own setting, scaled down and said
+  so. The row holds the paper result (a key of ``course.papers.RESULTS``), the paper's number, the notebook's
+  values (one per passage, seed, prompt or repetition), the scale it ran at, and a ``Rule`` fixed before the
+  run (its value, why, and the commit it was fixed in: ``docs/thresholds.md``) that turns the values into a
+  verdict: *reproduced*, *partly*, *not reproduced at this scale*, or *inconclusive at n = ...*;
+* **illustration** (``illustration``): true by construction, or a different quantity than the paper's. Shown
+  beside the paper's number, never given a verdict, never counted;
+* **the course's own finding** (``finding``, ``report``): a statement no paper measured, judged by a rule the
+  course fixed: *holds*, *does not hold*, or *inconclusive at n = ...*. Never "reproduced".
+
+Uncertainty. A verdict is judged on an interval, never on a point (``course.stats.interval``): a bootstrap 95 %
+interval of the median (or mean) from 8 values on, the full range of 2 to 7 values. *Reproduced* needs the
+whole interval to clear the rule's threshold; an interval that straddles a threshold is *inconclusive at n =
+...* (raise n in the full run rather than lower the bar). Every row carries its n.
 
     COLLAPSE = Rule("window only / 4 sinks, median over passages", at_least=10, partly=2,
                     why="the paper's effect is a collapse: an order of magnitude, not a few percent")
-    reproduction("02", "streamingllm.table1", "5158.07 / 5.40 = 955x", collapses.median, COLLAPSE, model,
+    reproduction("02", "streamingllm.table1", "5158.07 / 5.40 = 955x", collapses.values, COLLAPSE, model,
                  scale=f"{N_PASSAGES} passages of {TOKENS} tokens, window {WINDOW}")
 
 A row is never asserted: a result that does not reproduce is a finding, reported with its numbers
@@ -28,11 +39,13 @@ prints its rows and stores them in the cell's output (MIME type ``REPRODUCTION_M
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
-__all__ = ["ClaimFailed", "Claim", "claim", "report", "RECORDED", "Rule", "Reproduction", "reproduction", "REPRODUCTIONS",
-           "show_reproductions", "REPRODUCTION_MIME", "VERDICTS"]
+from course.stats import Interval, interval
+
+__all__ = ["ClaimFailed", "Claim", "claim", "report", "RECORDED", "Rule", "Reproduction", "reproduction",
+           "illustration", "finding", "REPRODUCTIONS", "show_reproductions", "REPRODUCTION_MIME", "VERDICTS",
+           "KINDS", "REPRODUCTION", "ILLUSTRATION", "FINDING", "verdict_class"]
 
 
 class ClaimFailed(AssertionError):
@@ -69,23 +82,36 @@ def claim(holds: bool, statement: str, model) -> bool:
 
 
 REPRODUCTION_MIME = "application/vnd.course.reproductions+json"
+REPRODUCTION, ILLUSTRATION, FINDING = "reproduction", "illustration", "finding"
+KINDS = (REPRODUCTION, ILLUSTRATION, FINDING)
 REPRODUCED, PARTLY, NOT_REPRODUCED = "reproduced", "partly", "not reproduced at this scale"
-VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED)
+INCONCLUSIVE = "inconclusive"          # printed with its n: "inconclusive at n = 4"
+HOLDS, DOES_NOT_HOLD = "holds", "does not hold"
+SHOWN = "illustration: shown, not counted"
+VERDICTS = (REPRODUCED, PARTLY, INCONCLUSIVE, NOT_REPRODUCED)   # a reproduction row's verdicts, as tallied
+
+
+def verdict_class(verdict: str) -> str:
+    """The verdict a row's text belongs to ("inconclusive at n = 4" -> "inconclusive")."""
+    return INCONCLUSIVE if verdict.startswith(INCONCLUSIVE) else verdict
 
 
 @dataclass(frozen=True)
 class Rule:
-    """How a measured number becomes a verdict, fixed before the run.
+    """How measured values become a verdict, fixed before the run (``docs/thresholds.md`` says when).
 
-    Exactly one of ``at_least`` / ``at_most``: the measured ``quantity`` reproduces the paper when it is at
-    least (at most) that value, and partly when it reaches ``partly`` (``partly`` lies below ``at_least``, or
-    above ``at_most``). ``why`` says why these thresholds are the effect sizes that matter."""
+    Exactly one of ``at_least`` / ``at_most``: the ``statistic`` ("median" or "mean") of the measured values
+    reproduces the paper when its whole interval (``course.stats.interval``) is at least (at most) that value,
+    and partly when the whole interval reaches ``partly`` (``partly`` lies below ``at_least``, or above
+    ``at_most``). An interval across a threshold is inconclusive. ``why`` says why these thresholds are the
+    effect sizes that matter."""
 
     quantity: str
     at_least: float | None = None
     at_most: float | None = None
     partly: float | None = None
     why: str = ""
+    statistic: str = "median"
 
     def __post_init__(self):
         if (self.at_least is None) == (self.at_most is None):
@@ -93,82 +119,177 @@ class Rule:
         if self.partly is not None and (self.partly > self.at_least if self.at_least is not None
                                         else self.partly < self.at_most):
             raise ValueError(f"Rule {self.quantity!r}: partly={self.partly} must be looser than the threshold")
+        if self.statistic not in ("median", "mean"):
+            raise ValueError(f"Rule {self.quantity!r}: statistic must be 'median' or 'mean', got {self.statistic!r}")
 
-    def verdict(self, measured: float) -> tuple[str, str]:
-        """``(verdict, reason)`` for ``measured``."""
-        if measured is None or (isinstance(measured, float) and math.isnan(measured)):
-            return NOT_REPRODUCED, f"{self.quantity}: no number was measured"
+    @property
+    def threshold(self) -> float:
+        return self.at_least if self.at_least is not None else self.at_most
+
+    @property
+    def text(self) -> str:
+        """The rule as written: the quantity, its thresholds and why."""
         up = self.at_least is not None
-        full = self.at_least if up else self.at_most
-        ok = (lambda t: measured >= t) if up else (lambda t: measured <= t)
+        sign = ">=" if up else "<="
+        partly = f"; partly: {sign} {self.partly:g}" if self.partly is not None else ""
+        return f"{self.quantity} {sign} {self.threshold:g}{partly}" + (f" ({self.why})" if self.why else "")
+
+    def judge(self, measured) -> tuple[str, str, Interval]:
+        """``(verdict, reason, interval)`` for ``measured`` (a number, or one value per passage, seed, prompt or
+        repetition). The verdict is one of ``VERDICTS``, inconclusive written with its n."""
+        try:
+            iv = interval(measured, self.statistic)
+        except (TypeError, ValueError):  # None, NaN or no value: nothing was measured
+            return NOT_REPRODUCED, f"{self.quantity}: no number was measured", Interval(float("nan"), float("nan"),
+                                                                                         float("nan"), 0, "none",
+                                                                                         self.statistic)
+        up = self.at_least is not None
         sign, miss = (">=", "<") if up else ("<=", ">")
-        if ok(full):
-            return REPRODUCED, f"{self.quantity} = {measured:.3g} {sign} {full:g}"
-        if self.partly is not None and ok(self.partly):
-            return PARTLY, f"{self.quantity} = {measured:.3g}: {sign} {self.partly:g} but {miss} {full:g}"
-        bound = self.partly if self.partly is not None else full
-        return NOT_REPRODUCED, f"{self.quantity} = {measured:.3g} {miss} {bound:g}"
+        bounds = [self.threshold] + ([self.partly] if self.partly is not None else [])
+
+        def level(x: float) -> int:  # 2: clears the threshold, 1: clears partly, 0: neither
+            return next((2 - i for i, b in enumerate(bounds) if (x >= b if up else x <= b)), 0)
+
+        cautious, hopeful = (iv.low, iv.high) if up else (iv.high, iv.low)
+        lo, hi = level(cautious), level(hopeful)
+        at = f"{self.quantity} = {iv.point:.3g}"
+        if iv.n > 1:
+            at += f" ({iv.how} {iv.low:.3g} to {iv.high:.3g}, n = {iv.n})"
+        whole = "" if iv.n == 1 else "the whole interval "
+        if lo == hi == 2:
+            return REPRODUCED, f"{at}: {whole}{sign} {self.threshold:g}", iv
+        if lo == hi == 1:
+            return PARTLY, f"{at}: {whole}{sign} {self.partly:g} but {miss} {self.threshold:g}", iv
+        if lo == hi == 0:
+            return NOT_REPRODUCED, f"{at}: {whole}{miss} {bounds[-1]:g}", iv
+        straddled = " and ".join(f"{b:g}" for b in bounds if iv.low <= b <= iv.high)
+        return f"{INCONCLUSIVE} at n = {iv.n}", f"{at}: the interval straddles {straddled}", iv
+
+    def verdict(self, measured) -> tuple[str, str]:
+        """``(verdict, reason)`` for ``measured`` (``judge`` without the interval)."""
+        verdict, reason, _ = self.judge(measured)
+        return verdict, reason
 
 
 @dataclass(frozen=True)
 class Reproduction:
-    """One row of the reproduction table (``docs/reproductions.md``)."""
+    """One row of the reproduction table (``docs/reproductions.md``): a reproduction, an illustration or the
+    course's own finding (``kind``)."""
 
     notebook: str
-    result: str        # a key of course.papers.RESULTS
-    source: str        # "Xiao et al. (2023, arXiv 2309.17453), Table 1"
+    result: str | None  # a key of course.papers.RESULTS (None: the course's own finding)
+    source: str         # "Xiao et al. (2023, arXiv 2309.17453), Table 1"
     quantity: str
-    paper: str         # the paper's number for the quantity, with how it follows from the table
-    measured: float
+    paper: str          # the paper's number for the quantity, with how it follows from the table
+    measured: float     # the statistic of the values (median or mean), or the one value
     model: str
-    scale: str         # what ran: tokens, passages, seeds, window
+    scale: str          # what ran: tokens, passages, seeds, window
     verdict: str
     reason: str
-    rule: str          # the rule, as written before the run
+    rule: str           # the rule, as written before the run ("" for an illustration)
+    kind: str = REPRODUCTION
+    n: int = 1          # how many values (passages, seeds, prompts, repetitions) the verdict rests on
+    low: float | None = None    # the interval the verdict was judged on
+    high: float | None = None
+    interval: str = "one value"  # which interval: "95% bootstrap interval", "range", "one value"
 
 
 REPRODUCTIONS: list[Reproduction] = []
 
 
-def reproduction(notebook: str, result: str, paper: str, measured: float, rule: Rule, model, scale: str,
-                 limit: str | None = None) -> Reproduction:
-    """Record how ``measured`` (this run's number) compares with the paper's (``paper``, a text such as
-    ``"5158.07 / 5.40 = 955x"``) under ``rule``. ``result`` names the published result in ``course.papers``;
-    ``limit``, when given, says why this run cannot reproduce more than partly (e.g. a stream shorter than the
-    trained context) and caps the verdict there. ``model`` is the course model that ran (or its config), or a plain
-    name where no model ran (arithmetic on published configurations). Returns the row (also kept in
-    ``REPRODUCTIONS``)."""
-    from course.papers import result as paper_result
-
-    source = paper_result(result).source
+def _config(model):
     config = getattr(model, "config", model)
     if isinstance(config, str):  # a row about arithmetic on published configurations, no model run
         from types import SimpleNamespace
 
         config = SimpleNamespace(name=config)
-    verdict, reason = rule.verdict(float(measured))
+    return config
+
+
+def _record(row: Reproduction) -> Reproduction:
+    key = (row.notebook, row.kind, row.result, row.quantity)
+    REPRODUCTIONS[:] = [r for r in REPRODUCTIONS if (r.notebook, r.kind, r.result, r.quantity) != key] + [row]
+    return row
+
+
+def reproduction(notebook: str, result: str, paper: str, measured, rule: Rule, model, scale: str,
+                 limit: str | None = None) -> Reproduction:
+    """Record how ``measured`` (this run's values: one per passage, seed, prompt or repetition, or one number)
+    compares with the paper's (``paper``, a text such as ``"5158.07 / 5.40 = 955x"``) under ``rule``. ``result``
+    names the published result in ``course.papers``; ``limit``, when given, says why this run cannot reproduce
+    more than partly (e.g. a stream far shorter than the paper's) and caps the verdict there. ``model`` is the
+    course model that ran (or its config), or a plain name where no model ran. Returns the row (also kept in
+    ``REPRODUCTIONS``)."""
+    from course.papers import result as paper_result
+
+    source = paper_result(result).source
+    config = _config(model)
+    verdict, reason, iv = rule.judge(measured)
     if limit and verdict == REPRODUCED:
         verdict, reason = PARTLY, f"{reason}, but {limit}"
     if getattr(config, "random_weights", False):
         reason += " (random weights: no trained behaviour to reproduce)"
-    bound = f">= {rule.at_least:g}" if rule.at_least is not None else f"<= {rule.at_most:g}"
-    partly = f"; partly: {'>=' if rule.at_least is not None else '<='} {rule.partly:g}" if rule.partly is not None \
-        else ""
-    text = f"reproduced: {rule.quantity} {bound}{partly}" + (f" ({rule.why})" if rule.why else "")
-    row = Reproduction(notebook, result, source, rule.quantity, paper, float(measured), config.name, scale, verdict,
-                       reason, text)
-    REPRODUCTIONS[:] = [r for r in REPRODUCTIONS if (r.notebook, r.result, r.quantity) !=
-                        (notebook, result, rule.quantity)] + [row]
+    return _record(Reproduction(notebook, result, source, rule.quantity, paper, iv.point, config.name, scale,
+                                verdict, reason, "reproduced: " + rule.text, REPRODUCTION, iv.n, iv.low, iv.high,
+                                iv.how))
+
+
+def illustration(notebook: str, result: str, paper: str, measured, quantity: str, model, scale: str,
+                 why: str, statistic: str = "median") -> Reproduction:
+    """Record a number shown beside a paper's that is not a reproduction: true by construction, or a different
+    quantity than the paper's (``why`` says which). It gets no verdict and is never counted."""
+    from course.papers import result as paper_result
+
+    iv = interval(measured, statistic)
+    return _record(Reproduction(notebook, result, paper_result(result).source, quantity, paper, iv.point,
+                                _config(model).name, scale, SHOWN, why, "", ILLUSTRATION, iv.n, iv.low, iv.high,
+                                iv.how))
+
+
+def finding(notebook: str, statement: str, measured, rule: Rule, model, scale: str,
+            source: str = "the course's own (no paper measured it)") -> Reproduction:
+    """Record the course's own finding (no paper measured it): ``rule`` (no ``partly``) judges ``measured`` as
+    for a reproduction, and the verdict reads *holds*, *does not hold* or *inconclusive at n = ...*. Prints the
+    line and returns the row."""
+    if rule.partly is not None:
+        raise ValueError(f"a finding holds or does not: its rule {rule.quantity!r} takes no partly=")
+    config = _config(model)
+    verdict, reason, iv = rule.judge(measured)
+    verdict = {REPRODUCED: HOLDS, NOT_REPRODUCED: DOES_NOT_HOLD}.get(verdict, verdict)
+    if getattr(config, "random_weights", False):
+        reason += " (random weights)"
+    row = _record(Reproduction(notebook, None, source, statement, "-", iv.point, config.name, scale, verdict,
+                               reason, "holds: " + rule.text, FINDING, iv.n, iv.low, iv.high, iv.how))
+    RECORDED.append(Claim(statement, verdict == HOLDS, config.name))
+    print(f"{config.name}: {statement} -- {verdict} ({reason})")
     return row
 
 
 def show_reproductions(notebook: str) -> list[Reproduction]:
-    """Print this notebook's rows and put them, machine-readable, in the cell's output. Returns them."""
+    """Print this notebook's rows, the three kinds apart, and put them, machine-readable, in the cell's output.
+    Returns them."""
     rows = [r for r in REPRODUCTIONS if r.notebook == notebook]
-    lines = [f"Reproductions recorded by notebook {notebook} ({len(rows)}):"]
-    for r in rows:
-        lines.append(f"- {r.source}: {r.quantity}. Paper: {r.paper}. Here: {r.measured:.3g} on {r.model} "
-                     f"({r.scale}). Verdict: {r.verdict} -- {r.reason}.")
+    titles = {REPRODUCTION: "Reproductions (a paper's quantity, measured here)",
+              ILLUSTRATION: "Illustrations (shown beside a paper's number, not counted)",
+              FINDING: "The course's own findings (no paper)"}
+    lines = [f"Rows recorded by notebook {notebook} ({len(rows)}):"]
+    for kind, title in titles.items():
+        mine = [r for r in rows if r.kind == kind]
+        if not mine:
+            continue
+        lines.append(f"{title}:")
+        for r in mine:
+            if r.low is None:  # a yes/no finding (report)
+                measured = f"{'yes' if r.measured else 'no'} (n = {r.n})"
+            else:
+                measured = f"{r.measured:.3g} (n = {r.n}" + (f", {r.interval} {r.low:.3g} to {r.high:.3g})"
+                                                               if r.n > 1 else ")")
+            if kind == FINDING:
+                lines.append(f"- {r.quantity}. Here: {measured} on {r.model} ({r.scale}). {r.verdict} -- {r.reason}.")
+            else:
+                lines.append(f"- {r.source}: {r.quantity}. Paper: {r.paper}. Here: {measured} on {r.model} "
+                             f"({r.scale}). " + (f"Verdict: {r.verdict} -- {r.reason}." if kind == REPRODUCTION
+                                                 else f"Not a reproduction: {r.reason}."))
     if not rows:
         lines.append("- none")
     text = "\n".join(lines)
@@ -186,15 +307,19 @@ def show_reproductions(notebook: str) -> list[Reproduction]:
     return rows
 
 
-def report(holds: bool, statement: str, model, numbers: str) -> bool:
-    """Check a published finding without asserting it: print ``statement`` with this run's ``numbers`` and the
-    verdict, "reproduced" or "not reproduced at this scale", record it in ``RECORDED`` and return ``holds``.
-
-    For a paper's result that a small model or a short run may honestly miss; ``holds`` must come from a
-    threshold fixed before the run (the smallest effect worth teaching), never from the numbers it checks."""
-    config = getattr(model, "config", model)
+def report(holds: bool, statement: str, model, numbers: str, notebook: str | None = None, n: int | None = None,
+           scale: str = "") -> bool:
+    """The course's own finding, given as a yes/no: print ``statement`` with this run's ``numbers`` and whether it
+    holds, record it in ``RECORDED`` (and, with ``notebook``, as a finding row resting on ``n`` values) and return
+    ``holds``. Never asserts, and never says "reproduced": no paper measured it (``finding`` judges a number
+    with its interval; this is for a statement already reduced to yes or no by a rule fixed before the run)."""
+    config = _config(model)
     holds = bool(holds)
+    verdict = HOLDS if holds else DOES_NOT_HOLD
     RECORDED.append(Claim(statement, holds, config.name))
-    verdict = "reproduced" if holds else "not reproduced at this scale"
+    if notebook is not None:
+        _record(Reproduction(notebook, None, "the course's own (no paper measured it)", statement, "-",
+                             float(holds), config.name, scale, verdict, numbers, "", FINDING, n or 1, None, None,
+                             "yes or no"))
     print(f"{config.name}: {statement} -- {verdict} ({numbers})")
     return holds

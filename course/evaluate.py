@@ -8,7 +8,7 @@ Austen, and the prompt ends by asking for it, phrased so that the answer continu
 
 A 135M-parameter model answers this reliably with its full cache (measured: 100 % up to 1000
 tokens), so a failure under a policy is the policy's fault. The protocol is prompt compression,
-as in SnapKV and kvpress, and it is the same code for every policy (``compress_prompt``): the
+as in SnapKV and kvpress, and it is the same code for every policy (``course.compression``): the
 prompt (but its last token) runs with full causal attention, whatever the policy, the cache is
 compressed to the budget, and then the last prompt token and the answer are decoded one token at a
 time through the compressed cache (policies that evict while decoding keep evicting).
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from course.compression import compress_prompts
 from course.data import load_text
-from course.kvcache import CacheGroup, KVCache
 from course.models.base import CausalLM
 from course.policies import Policy, make_policy
 from course.progress import progress_bar
@@ -37,7 +37,7 @@ from course.progress import progress_bar
 __all__ = [
     "NeedleTrial", "make_needle_trials", "score_needle", "needle_eval", "compare_needles", "budget_sweep",
     "decode_after_compression", "compare_after_compression", "continuation_nll", "compare_continuations",
-    "compress_prompt", "compress_prompts", "best_policy",
+    "best_policy",
 ]
 
 QUESTION = "\nWhat is the secret passkey? The secret passkey is"
@@ -90,46 +90,6 @@ def make_needle_trials(
         trials.append(NeedleTrial(torch.tensor([ids]), torch.tensor(answer), (len(before), len(before) + len(needle)),
                                   depth, key))
     return trials
-
-
-@torch.inference_mode()
-def compress_prompts(model: CausalLM, prompt: Tensor, policies: Sequence[Policy | None],
-                     logits_to_keep: int = 0) -> tuple[list[KVCache], Tensor]:
-    """The one prompt-compression step of the course, for several policies at once.
-
-    prompt: [B, P]. The prompt runs once, with full causal attention whatever the policy, through a
-    ``CacheGroup`` of one fresh cache per policy (each policy reads the attention it needs from that
-    one forward: H2O accumulates it, SnapKV's observation window votes); then every cache is
-    compressed to its policy's budget. Every contender therefore starts from the same computation.
-    Returns the caches (in the order of ``policies``) and the prompt's logits [B, P, V] (the last
-    ``logits_to_keep`` positions' only, when it is not 0: generation needs just the last)."""
-    if not policies:
-        raise ValueError("policies is empty: give at least one policy (None is the full cache)")
-    prompt = prompt.to(model.device)
-    model.config.check_tokens(prompt.shape[1], "the prompt")
-    caches = [model.new_cache(prompt.shape[0], policy, chunks="prompt") for policy in policies]
-    shared = caches[0] if len(caches) == 1 else CacheGroup(caches)  # one policy needs no group
-    logits = model(prompt, cache=shared, logits_to_keep=logits_to_keep).logits
-    for cache in caches:
-        cache.compress()
-    return caches, logits
-
-
-@torch.inference_mode()
-def compress_prompt(model: CausalLM, prompt: Tensor, policy: Policy | None,
-                    cache: KVCache | None = None, logits_to_keep: int = 0) -> tuple[KVCache, Tensor]:
-    """``compress_prompts`` for one policy: returns its compressed cache and the prompt's logits [B, P, V]
-    (or the last ``logits_to_keep`` positions').
-
-    ``cache``: continue one (a chat's next turn; its own policy applies) instead of a new one."""
-    if cache is None:
-        caches, logits = compress_prompts(model, prompt, [policy], logits_to_keep)
-        return caches[0], logits
-    prompt = prompt.to(model.device)
-    model.config.check_tokens(prompt.shape[1] + cache.seen, "the prompt")
-    logits = model(prompt, cache=cache, logits_to_keep=logits_to_keep).logits
-    cache.compress()
-    return cache, logits
 
 
 @torch.inference_mode()

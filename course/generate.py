@@ -5,7 +5,7 @@
     for step in steps: print(step.text, end="")
 
 A prompt (or a chat turn) runs with full causal attention and is then compressed to the policy's
-budget (``course.evaluate.compress_prompt``, the same protocol as every evaluation in the course);
+budget (``course.compression.compress_prompt``, the same protocol as every evaluation in the course);
 each new token is decoded through the cache, which keeps evicting as its policy says. Decoding is
 greedy (``temperature=0``) or sampled with a temperature and nucleus (top-p) cut-off from a seeded
 generator, so that a seed gives the same text on every run. ``Chat`` keeps one cache across turns
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from course.evaluate import compress_prompt
+from course.compression import compress_prompt
 from course.kvcache import KVCache
 from course.models.base import CausalLM
 from course.policies import Policy

@@ -1,6 +1,6 @@
 """The published numbers the course quotes, each with the paper, the table or figure and the setting.
 
-Every number a notebook's prose quotes from a paper is in ``RESULTS`` (``tests/test_papers.py`` fails when a
+Every number a notebook's prose quotes from a paper is in ``RESULTS`` (``tests/experiments/test_papers.py`` fails when a
 notebook quotes one that is not), and a notebook that re-runs a result compares its own number with the
 value from here (``course.claims.reproduction``), so a quoted number has one source. ``docs/references.md``
 lists the works in ``PAPERS`` in full.
@@ -83,10 +83,8 @@ PAPERS: dict[str, Paper] = {p.key: p for p in [
           url="https://github.com/NVIDIA/kvpress"),
     Paper("gpt2-replication", "an unsigned blog post", None,
           "Efficient Streaming Language Models with Attention Sinks (a replication of the sliding-window collapse "
-          "with GPT-2)", short="the public GPT-2 replication"),
-    Paper("eviction-article", "an unsigned practitioners' article", None,
-          "untitled article on KV-cache eviction policies and the attention sink",
-          short="the eviction-policy article"),
+          "with GPT-2; no address known to the course)", short="the public GPT-2 replication"),
+    Paper("gpt-oss", "OpenAI", 2025, "gpt-oss-120b & gpt-oss-20b Model Card", arxiv="2508.10925"),
 ]}
 
 RESULTS: dict[str, PaperResult] = {r.key: r for r in [
@@ -139,6 +137,12 @@ RESULTS: dict[str, PaperResult] = {r.key: r for r in [
     PaperResult("snapkv.abstract", "snapkv", "abstract",
                 "16K-token inputs, against the full-cache baseline",
                 {"decoding speed-up": 3.6, "memory efficiency": 8.2}),
+    PaperResult("snapkv.speed-memory", "snapkv", "§5.1.2",
+                "one A100-80GB, batch 2: generation speed with every prompt compressed to 2048 slots, and the "
+                "longest input that fits before running out of memory, with SnapKV (131K tokens) and with the full "
+                "cache (16K tokens)",
+                {"slots kept": 2048, "batch": 2, "longest input with SnapKV, K tokens": 131,
+                 "longest input with the full cache, K tokens": 16}),
     PaperResult("massive.abstract", "massive", "abstract",
                 "very few activations are far larger than the others",
                 {"times larger than the others": 100000}),

@@ -25,6 +25,7 @@ from course.assets import AUSTEN_BOOKS
 from course.data import load_text
 from course.models.base import CausalLM
 from course.policies import Policy
+from course.stats import MIN_FOR_INTERVAL, bootstrap_interval
 from course.streaming import evaluate_stream
 
 __all__ = ["MIN_FOR_INTERVAL", "Passage", "Spread", "passage_batch", "sample_passages", "spread", "stream_passages"]
@@ -43,9 +44,6 @@ class Passage:
     @property
     def label(self) -> str:
         return f"{self.book.replace('_', ' ')}, {'opening' if self.offset == 0 else f'from character {self.offset:,}'}"
-
-
-MIN_FOR_INTERVAL = 8  # a bootstrap interval of the median from fewer values mostly restates the range
 
 
 @dataclass(frozen=True)
@@ -78,11 +76,7 @@ def spread(values, seed: int = 0, resamples: int = 2000) -> Spread:
     values = tuple(float(v) for v in values)
     if len(values) < 2 or not all(math.isfinite(v) for v in values):
         raise ValueError(f"spread needs at least two finite values, got {values}")
-    ci = None
-    if len(values) >= MIN_FOR_INTERVAL:
-        rng = random.Random(seed)
-        medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
-        ci = (medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1])
+    ci = bootstrap_interval(values, "median", seed, resamples) if len(values) >= MIN_FOR_INTERVAL else None
     return Spread(values, statistics.fmean(values), statistics.median(values), min(values), max(values), ci)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from cycler import cycler
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
+from matplotlib.ticker import LogFormatter, NullFormatter
 
 __all__ = [
     "cache_size_plot", "decode_cost_plot", "attention_heatmap", "sink_mass_plot", "nll_along_stream",

@@ -19,6 +19,10 @@ Each policy also states its *position rule*:
 
 Budgets count slots per KV head, sinks included: ``StreamingLLM(4, 1020)`` keeps 1024.
 
+Every policy is declared once, as a row of the table ``POLICIES`` (``PolicyKind``: its name, how it is built,
+whether it needs attention weights or only compresses a prompt, the sinks it pins by default, where it is shown);
+``make_policy``, the command line, the benchmark, the cache explorer and notebook 07 read it.
+
 Build policies with ``make_policy(name, budget, sinks=..., model=...)``: given the model it picks
 the position rule its family allows and refuses what the model cannot do, so a policy it returns is
 never refused by the model's cache. Policies read the cache's per-layer slots (``LayerCache``) but
@@ -28,6 +32,8 @@ never import the cache module at run time: the dependency runs policy -> cache -
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -48,7 +54,12 @@ __all__ = [
     "RandomEviction",
     "accumulate_attention",
     "make_policy",
-    "POLICY_NAMES",
+    "PolicyKind",
+    "POLICIES",
+    "PLACES",
+    "register",
+    "policy_names",
+    "pinned",
 ]
 
 PositionRule = Literal["original", "cache"]
@@ -380,7 +391,97 @@ class RandomEviction(Policy):
         return f"random({self.budget})"
 
 
-POLICY_NAMES = ("full", "window", "streaming", "h2o", "h2o-mean", "snapkv", "random")
+# ----------------------------------------------------------------------------- the table of policies
+PLACES = ("bench", "explorer", "compare")  # where a policy is shown beside the others (see ``PolicyKind.shown_in``)
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """One row of the table of policies: everything the course needs to know about a policy, declared once.
+
+    * ``build(budget, sinks, rule, **options)``: the policy for a budget (slots per KV head, sinks included),
+      ``sinks`` first tokens to pin (``pinned`` wraps any policy in ``PinSinks``), a position rule, and
+      ``make_policy``'s options (``recent``, ``obs_window``, ``kernel``, ``pooling``, ``seed``; ignore the rest).
+    * ``needs_weights``: it scores slots from attention weights (``observe``); the model computes them for it.
+    * ``prefill_only``: it compresses the prompt once and never evicts while decoding (SnapKV), so it cannot
+      bound a stream (``stream`` does not offer it).
+    * ``sinks``: first tokens pinned unless the caller says otherwise (StreamingLLM: 4).
+    * ``bounded``: False for the full cache, which keeps everything and takes no budget.
+    * ``cache_positions``: it re-assigns positions inside the cache where the model allows it (StreamingLLM).
+    * ``shown_in``: where it is shown beside the others: ``bench`` (speed and memory), ``explorer`` (the cache
+      explorer's dropdown), ``compare`` (notebook 07's contenders). Every CLI command that takes ``--policy``
+      offers it in any case."""
+
+    name: str
+    build: Callable[..., Policy]
+    needs_weights: bool = False
+    prefill_only: bool = False
+    sinks: int = 0
+    bounded: bool = True
+    cache_positions: bool = False
+    shown_in: frozenset[str] = frozenset(PLACES)
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        unknown = set(self.shown_in) - set(PLACES)
+        if unknown:
+            raise ValueError(f"shown_in must hold only {', '.join(PLACES)}, got {sorted(unknown)}")
+
+
+POLICIES: dict[str, PolicyKind] = {}
+
+
+def register(kind: PolicyKind) -> PolicyKind:
+    """Add a row to the table of policies (a name may be registered once); returns it."""
+    if kind.name in POLICIES:
+        raise ValueError(f"policy {kind.name!r} is registered already")
+    POLICIES[kind.name] = kind
+    return kind
+
+
+def policy_names(shown_in: str | None = None, *, streams: bool | None = None,
+                 needs_weights: bool | None = None) -> tuple[str, ...]:
+    """The registered policies, in the order registered: all of them, or those shown in ``shown_in`` (one of
+    ``PLACES``), those that can bound a stream (``streams=True``), those that need attention weights."""
+    if shown_in is not None and shown_in not in PLACES:
+        raise ValueError(f"shown_in must be one of {', '.join(PLACES)}, got {shown_in!r}")
+    return tuple(k.name for k in POLICIES.values()
+                 if (shown_in is None or shown_in in k.shown_in)
+                 and (streams is None or streams != k.prefill_only)
+                 and (needs_weights is None or needs_weights == k.needs_weights))
+
+
+def pinned(policy: Policy, sinks: int) -> Policy:
+    """``policy`` with its first ``sinks`` tokens pinned (itself when ``sinks`` is 0)."""
+    return PinSinks(policy, sinks) if sinks else policy
+
+
+def _h2o(budget: int, rule: PositionRule, recent: int | None, normalize: bool) -> H2O:
+    r = budget // 2 if recent is None else _check_int("recent", recent, 0)
+    if r > budget:
+        raise ValueError(f"recent must be at most the budget ({budget}), got {r}")
+    return H2O(budget - r, r, rule, normalize=normalize)
+
+
+register(PolicyKind("full", lambda budget, sinks, rule, **o: FullCache(), bounded=False,
+                    shown_in=frozenset({"bench"})))
+register(PolicyKind("window", lambda budget, sinks, rule, **o: pinned(SlidingWindow(budget, rule), sinks)))
+register(PolicyKind("streaming", lambda budget, sinks, rule, **o: StreamingLLM(sinks, budget - sinks, rule), sinks=4,
+                    cache_positions=True))
+register(PolicyKind(
+    "h2o", lambda budget, sinks, rule, recent=None, **o: pinned(_h2o(budget, rule, recent, False), sinks),
+    needs_weights=True))
+register(PolicyKind(
+    "h2o-mean", lambda budget, sinks, rule, recent=None, **o: pinned(_h2o(budget, rule, recent, True), sinks),
+    needs_weights=True, shown_in=frozenset({"compare"})))
+register(PolicyKind(
+    "snapkv", lambda budget, sinks, rule, obs_window=8, kernel=7, pooling="max", **o:
+    pinned(SnapKV(budget, min(obs_window, budget - 1), kernel, pooling, rule), sinks),
+    needs_weights=True, prefill_only=True))
+register(PolicyKind(
+    "random", lambda budget, sinks, rule, seed=0, **o: pinned(RandomEviction(budget, seed, rule), sinks),
+    shown_in=frozenset()))
 
 
 def _no_reassignment(what: str, config) -> str:
@@ -399,6 +500,8 @@ def make_policy(
 ) -> Policy:
     """The one way the course builds a policy: a name and a total budget (slots per KV head, sinks included).
 
+    * ``name``: a row of the table of policies (``POLICIES``; ``register`` adds one, see docs/add-a-policy.md).
+
     * ``sinks``: first tokens pinned for any policy; StreamingLLM pins 4 unless told otherwise
       (``sinks=0`` gives it none: a window with positions inside the cache).
     * ``model`` (a course model or its ``ModelConfig``): picks the position rule its family allows,
@@ -410,34 +513,23 @@ def make_policy(
       kvpress's ObservedAttentionPress).
     * SnapKV: ``obs_window`` (at most budget - 1), ``kernel``, ``pooling``.
     """
-    if name not in POLICY_NAMES:
-        raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}; got {name!r}")
+    if name not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {name!r}")
+    kind = POLICIES[name]
     config = getattr(model, "config", model)
     if positions is not None:
         _check_rule(positions)
         if positions == "cache" and config is not None and not config.reassigns_positions:
             raise ValueError(_no_reassignment(f"policy {name!r} with positions='cache'", config))
-    if name == "full":
-        return FullCache()
+    if not kind.bounded:
+        return kind.build(None, 0, positions or "original")
     if budget is None:
         raise ValueError(f"policy {name!r} needs a budget (slots per KV head)")
     _check_int("budget", budget, 1)
-    n_sink = (4 if name == "streaming" else 0) if sinks is None else _check_int("sinks", sinks, 0)
+    n_sink = kind.sinks if sinks is None else _check_int("sinks", sinks, 0)
     if n_sink >= budget:
         raise ValueError(f"budget must exceed the {n_sink} pinned sinks, got budget={budget}")
-    if name == "streaming":
-        can_reassign = config is None or config.reassigns_positions
-        return StreamingLLM(n_sink, budget - n_sink, positions or ("cache" if can_reassign else "original"))
-    rule: PositionRule = positions or "original"
-    if name == "window":
-        base: Policy = SlidingWindow(budget, rule)
-    elif name in ("h2o", "h2o-mean"):
-        r = budget // 2 if recent is None else _check_int("recent", recent, 0)
-        if r > budget:
-            raise ValueError(f"recent must be at most the budget ({budget}), got {r}")
-        base = H2O(budget - r, r, rule, normalize=name == "h2o-mean")
-    elif name == "snapkv":
-        base = SnapKV(budget, min(obs_window, budget - 1), kernel, pooling, rule)
-    else:
-        base = RandomEviction(budget, seed, rule)
-    return PinSinks(base, n_sink) if n_sink else base
+    can_reassign = config is None or config.reassigns_positions
+    rule: PositionRule = positions or ("cache" if kind.cache_positions and can_reassign else "original")
+    return kind.build(budget, n_sink, rule, recent=recent, obs_window=obs_window, kernel=kernel, pooling=pooling,
+                      seed=seed)

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import torch
 
 from course.models.base import CausalLM
-from course.policies import H2O, Policy, make_policy
+from course.policies import H2O, POLICIES, Policy, PolicyKind, make_policy, policy_names
 
 __all__ = ["median_seconds", "alternate", "alternate_times", "decode_cost_vs_context", "streaming_vs_recompute",
-           "bench_policies", "compressed_prompt_speedup", "BENCH_POLICIES", "synchronize", "count_flops"]
+           "bench_policies", "compressed_prompt_speedup", "synchronize", "count_flops"]
 
 
 def synchronize(device: torch.device | None) -> None:
@@ -45,8 +45,8 @@ def alternate(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int =
 
 def alternate_times(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int = 1,
                     device: torch.device | None = None) -> dict[str, list[float]]:
-    """``alternate``'s measurements themselves: the seconds of every round, per function (round i of each
-    function ran side by side, so ratios can be taken round by round)."""
+    """Every repetition's seconds of several functions run in alternation (``alternate`` takes their medians):
+    the ratio of two functions' i-th times is one measurement of their ratio, n = ``reps``."""
     if reps < 1 or warmup < 0:
         raise ValueError(f"reps must be >= 1 and warmup >= 0, got {reps}, {warmup}")
     for _ in range(warmup):
@@ -129,11 +129,12 @@ def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, wind
         for _ in range(steps):
             model(ids[:, t["next"] - budget + 1 : t["next"] + 1], logits_to_keep=1)
 
-    med = alternate({"streaming": stream, "recompute": recompute}, reps, 1, model.device)
-    per_token = {k: v / steps for k, v in med.items()}
+    times = alternate_times({"streaming": stream, "recompute": recompute}, reps, 1, model.device)
+    per_token = {k: statistics.median(v) / steps for k, v in times.items()}
     flops_ratio = count_flops(recompute) / count_flops(stream)  # counted on the next step: the same on any machine
     return {**per_token, "speedup": per_token["recompute"] / per_token["streaming"], "cache_tokens": budget,
-            "flops_ratio": flops_ratio}
+            "flops_ratio": flops_ratio,
+            "speedups": [r / s for r, s in zip(times["recompute"], times["streaming"])]}  # one per repetition
 
 
 def _fill(model: CausalLM, policy: Policy, slots: int, seen: int):
@@ -158,14 +159,20 @@ def _decode_steps(model: CausalLM, cache, token: torch.Tensor, steps: int) -> Ca
     return run
 
 
-BENCH_POLICIES = ("full", "window", "streaming", "h2o", "snapkv")
+def _slots_after(kind: PolicyKind, t: int, budget: int, prompt: int) -> int:
+    """Slots a policy holds after ``t`` tokens: every token (the full cache), the prompt compressed to ``budget``
+    and every token decoded since (a policy that only compresses the prompt), else at most ``budget``."""
+    if not kind.bounded:
+        return t
+    return budget + (t - prompt) if kind.prefill_only else min(t, budget)
 
 
 @torch.inference_mode()
 def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budget: int, steps: int, reps: int,
-                   names: tuple[str, ...] = BENCH_POLICIES) -> dict:
+                   names: tuple[str, ...] | None = None) -> dict:
     """Per-token decode time (ms) and cache bytes after ``t`` streamed tokens, for every policy in ``names``
-    (``BENCH_POLICIES`` by default: full, window, streaming, h2o and snapkv; ``h2o-mean`` may be added).
+    (by default the table's policies shown in ``bench``: full, window, streaming, h2o, snapkv and any registered
+    since; any registered policy may be added).
 
     SnapKV compresses a prompt once and never evicts while decoding: here the prompt is the first
     ``lengths[0]`` tokens, compressed to ``budget`` slots, and its cache then grows by one slot a
@@ -173,19 +180,17 @@ def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budge
     like StreamingLLM; H2O's at the longest stream (both always hold ``budget``)."""
     if list(lengths) != sorted(lengths) or lengths[0] < budget:
         raise ValueError(f"lengths must be increasing and start at >= budget ({budget}), got {lengths}")
-    unknown = [n for n in names if n not in (*BENCH_POLICIES, "h2o-mean")]
+    names = policy_names("bench") if names is None else tuple(names)
+    unknown = [n for n in names if n not in POLICIES]
     if unknown or not {"streaming", "h2o", "snapkv"} <= set(names):  # the overheads below compare these
-        raise ValueError(f"names must include streaming, h2o and snapkv and may add full, window and h2o-mean; "
+        raise ValueError(f"names must include streaming, h2o and snapkv and may add any of {', '.join(POLICIES)}; "
                          f"got {names}")
     policies = {name: (lambda name=name: make_policy(name, budget, model=model))  # SnapKV compresses the prompt;
                 for name in names}  # its cache then grows while decoding
     prompt = lengths[0]  # SnapKV: this prompt compressed to the budget, then decoding
     rows: dict[str, dict[str, list]] = {name: {"tokens": [], "ms_per_token": [], "cache_bytes": []} for name in policies}
     for t in lengths:
-        occupancy = {
-            "full": t, "window": min(t, budget), "streaming": min(t, budget), "h2o": min(t, budget),
-            "h2o-mean": min(t, budget), "snapkv": budget + (t - prompt),
-        }
+        occupancy = {name: _slots_after(POLICIES[name], t, budget, prompt) for name in names}
         fns, sizes = {}, {}
         for name, make in policies.items():
             cache = _fill(model, make(), occupancy[name], t)
@@ -210,7 +215,8 @@ def compressed_prompt_speedup(model: CausalLM, lengths: list[int], budget: int, 
     on what they hold, so no prompt has to be run. Both caches then grow by one slot a decoded token.
 
     Returns {"tokens": lengths, "budget", "full_ms", "snapkv_ms" (medians of alternating runs, per token),
-    "speedup" (full / snapkv, per length), "full_bytes", "snapkv_bytes" (cache bytes before the timed steps)}."""
+    "speedup" (full / snapkv, per length), "speedups" (per length, one full / snapkv ratio per repetition),
+    "full_bytes", "snapkv_bytes" (cache bytes before the timed steps)}."""
     lengths = list(lengths)
     if not lengths or lengths != sorted(set(lengths)) or lengths[0] <= budget:
         raise ValueError(f"lengths must be increasing and above the budget ({budget}), got {lengths}")
@@ -218,16 +224,19 @@ def compressed_prompt_speedup(model: CausalLM, lengths: list[int], budget: int, 
         raise ValueError(f"budget, steps and reps must be >= 1, got {budget}, {steps}, {reps}")
     model.config.check_tokens(lengths[-1] + (reps + 1) * steps, "decoding after the longest prompt")
     token = torch.zeros(1, 1, dtype=torch.long, device=model.device)
-    out: dict[str, list] = {"full_ms": [], "snapkv_ms": [], "speedup": [], "full_bytes": [], "snapkv_bytes": []}
+    out: dict[str, list] = {"full_ms": [], "snapkv_ms": [], "speedup": [], "speedups": [], "full_bytes": [],
+                            "snapkv_bytes": []}
     for t in lengths:
         caches = {"full": _fill(model, make_policy("full"), t, t),
                   "snapkv": _fill(model, make_policy("snapkv", budget, model=model), budget, t)}
 
         for name, cache in caches.items():
             out[f"{name}_bytes"].append(cache.nbytes)
-        med = alternate({name: _decode_steps(model, cache, token, steps) for name, cache in caches.items()}, reps, 1,
-                        model.device)
+        times = alternate_times({name: _decode_steps(model, cache, token, steps) for name, cache in caches.items()},
+                                reps, 1, model.device)
+        med = {name: statistics.median(ts) for name, ts in times.items()}
         out["full_ms"].append(1e3 * med["full"] / steps)
         out["snapkv_ms"].append(1e3 * med["snapkv"] / steps)
         out["speedup"].append(med["full"] / med["snapkv"])
+        out["speedups"].append([f / s for f, s in zip(times["full"], times["snapkv"])])
     return {"tokens": lengths, "budget": budget, **out}

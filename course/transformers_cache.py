@@ -418,7 +418,7 @@ class PolicyCache(Cache):
 
     def _after(self, module, args, kwargs, output) -> None:
         """Base model post-hook: the stream advances; a prompt is compressed to the policy's budget (as
-        ``course.evaluate.compress_prompt``)."""
+        ``course.compression.compress_prompt``)."""
         if not self._active:
             return
         self._active = False

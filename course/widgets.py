@@ -5,7 +5,8 @@ show (``attention_view``, ``cache_view``), so the same numbers can be computed, 
 without a browser. In a notebook, show a static figure first (``plots.attention_heatmap``,
 ``CacheView.figure``): an executed notebook keeps figures, while a widget needs a live kernel.
 
-The cache explorer builds its policies with ``course.policies.make_policy``:
+The cache explorer offers the policies of the table (``course.policies.POLICIES``) shown in ``explorer`` and
+builds them with ``course.policies.make_policy``; the built-in ones:
 
 =========  ====================================  =======================================
 policy     budget (slots per KV head)            sinks
@@ -38,11 +39,11 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from course import plots
-from course.attention import sink_mass, uniform_mass
-from course.evaluate import compress_prompt
+from course.attention_analysis import sink_mass, uniform_mass
+from course.compression import compress_prompt
 from course.kvcache import KVCache
 from course.models.base import CausalLM
-from course.policies import POLICY_NAMES, Policy, make_policy
+from course.policies import POLICIES, Policy, make_policy, policy_names
 from course.streaming import evaluate_stream, next_token_nll
 
 __all__ = [
@@ -51,11 +52,10 @@ __all__ = [
     "cache_explorer", "ExplorerBox",
 ]
 
-SINK_SKIP = 4  # queries before this position are left out of the sink mass (see course.attention.sink_mass)
+SINK_SKIP = 4  # queries before this position are left out of the sink mass (see course.attention_analysis.sink_mass)
 MAX_SINKS = 8
 MIN_BUDGET = 16  # the smallest budget the cache explorer offers (above MAX_SINKS, so every policy is valid)
 DEFAULT_BUDGET = 64
-EXPLORER_POLICIES = ("window", "streaming", "h2o", "snapkv")
 
 
 class ExplorerBox(widgets.VBox):
@@ -109,7 +109,7 @@ def token_strings(tokenizer, ids: Tensor) -> list[str]:
 # ----------------------------------------------------------------------------- attention explorer
 def _check_maps(maps: Sequence[Tensor], tokens: Sequence[str]) -> None:
     if not maps:
-        raise ValueError("maps is empty: give the per-layer attention maps of course.attention.attention_maps")
+        raise ValueError("maps is empty: give the per-layer attention maps of course.attention_analysis.attention_maps")
     shape = tuple(maps[0].shape)
     if len(shape) != 4 or shape[0] != 1 or shape[2] != shape[3]:
         raise ValueError(f"maps must be per-layer [1, heads, T, T] tensors, got a layer of shape {shape}")
@@ -120,7 +120,7 @@ def _check_maps(maps: Sequence[Tensor], tokens: Sequence[str]) -> None:
 def head_sink_mass(maps: Sequence[Tensor], layer: int, head: int) -> float:
     """Mean attention mass one head puts on token 0, over queries from position 4 on.
 
-    maps: per-layer [1, H, T, T] attention weights (``course.attention.attention_maps``)."""
+    maps: per-layer [1, H, T, T] attention weights (``course.attention_analysis.attention_maps``)."""
     _check_index("layer", layer, len(maps))
     _check_index("head", head, maps[layer].shape[1])
     return float(sink_mass([maps[layer]], k=1, skip=SINK_SKIP)[0, head])
@@ -145,7 +145,7 @@ def attention_view(maps: Sequence[Tensor], tokens: Sequence[str], layer: int, he
 def attention_explorer(maps: Sequence[Tensor], tokens: Sequence[str], max_tokens: int = 64) -> ExplorerBox:
     """Layer and head sliders over ``attention_view``: the heat map and the sink mass of each head.
 
-    maps: per-layer [1, H, T, T] attention weights (``course.attention.attention_maps``); tokens: T strings."""
+    maps: per-layer [1, H, T, T] attention weights (``course.attention_analysis.attention_maps``); tokens: T strings."""
     _check_maps(maps, tokens)
     layer = widgets.IntSlider(0, min=0, max=len(maps) - 1, description="layer", continuous_update=False)
     head = widgets.IntSlider(0, min=0, max=maps[0].shape[1] - 1, description="head", continuous_update=False)
@@ -167,7 +167,8 @@ def sinks_range(policy_name: str) -> tuple[int, int] | None:
     """The sinks the cache explorer allows for a policy (inclusive), or None when it takes none."""
     if policy_name == "window":
         return None
-    return (1 if policy_name == "streaming" else 0), MAX_SINKS
+    kind = POLICIES.get(policy_name)  # an unknown name: make_policy names the known ones
+    return (1 if kind is not None and kind.sinks else 0), MAX_SINKS
 
 
 def explorer_policy(policy_name: str, budget: int, sinks: int, model=None) -> Policy:
@@ -368,19 +369,21 @@ class _CacheExplorer:
         return ExplorerBox([controls, self.status, self.text], "cache explorer")
 
 
-def cache_explorer(model: CausalLM, tokenizer, ids: Tensor, policies: Sequence[str] = EXPLORER_POLICIES,
+def cache_explorer(model: CausalLM, tokenizer, ids: Tensor, policies: Sequence[str] | None = None,
                    max_tokens: int = 192) -> ExplorerBox:
     """A policy dropdown and budget / sinks / layer / KV-head sliders over ``cache_view``: the text
-    with the tokens the cache keeps and evicts coloured, and the perplexity.
+    with the tokens the cache keeps and evicts coloured, and the perplexity. ``policies``: names of the table of
+    policies (default: those it shows in ``explorer``).
 
     ids: one stream [T] or [1, T]; only its first ``max_tokens`` are used: H2O decodes the text
     token by token for every setting, which takes seconds on a CPU for a couple of hundred tokens.
     Every setting is computed once and then remembered."""
     if not MIN_BUDGET + 2 <= max_tokens <= 1024:
         raise ValueError(f"max_tokens must be between {MIN_BUDGET + 2} and 1024, got {max_tokens}")
-    unknown = [name for name in policies if name not in POLICY_NAMES]
+    policies = policy_names("explorer") if policies is None else policies
+    unknown = [name for name in policies if name not in POLICIES]
     if not policies or unknown:
-        raise ValueError(f"policies must be a non-empty list of {', '.join(POLICY_NAMES)}; got {list(policies)}")
+        raise ValueError(f"policies must be a non-empty list of {', '.join(POLICIES)}; got {list(policies)}")
     ids = _one_stream(ids)[:, :max_tokens]
     if ids.shape[1] < MIN_BUDGET + 2:
         raise ValueError(f"ids must hold at least {MIN_BUDGET + 2} tokens for the cache explorer, got {ids.shape[1]}")

@@ -78,7 +78,7 @@ def smollm2():
 @pytest.fixture(scope="session")
 def smollm2_f64(smollm2):
     """(course model, transformers model) for SmolLM2-135M in float64: sameness tests compare in float64, where
-    round-off (~1e-12) cannot decide them as it can in float32 (see tests/test_models.py)."""
+    round-off (~1e-12) cannot decide them as it can in float32 (see tests/models/test_models.py)."""
     import copy
 
     hf64 = float64_reference(copy.deepcopy(smollm2[2]).double())

@@ -10,6 +10,7 @@ from course.instructor.release import load_answer_key
 from course.instructor.solutions import solution_functions
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NUMBERS = sorted(p.name[:2] for p in NOTEBOOKS.glob("[0-9]*.ipynb"))  # every solution notebook, "01" ...
 
 
 @lru_cache(maxsize=1)

@@ -15,7 +15,7 @@ Under the autograder (``python -m course grade``), ``check`` hands the function 
 checker in its own process (``course.exercises.serve`` is this side of it); see docs/grading.md.
 """
 
-from course.exercises.core import REGISTRY, Exercise, ExerciseFailed, NotDoneYet, Wrong, check, exercise
-from course.exercises import nb01, nb02, nb03, nb04, nb05, nb06, nb07, questions  # noqa: E402,F401 (registers them)
+from course.exercises.checking import check  # importing it registers every notebook's exercises
+from course.exercises.core import REGISTRY, Exercise, ExerciseFailed, NotDoneYet, Wrong, exercise
 
 __all__ = ["check", "exercise", "Exercise", "ExerciseFailed", "NotDoneYet", "Wrong", "REGISTRY"]

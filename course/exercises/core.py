@@ -1,4 +1,5 @@
-"""The exercise registry and ``check``, the function every check cell calls.
+"""The exercise registry and how a checker's verdict is reached (``check``, which every check cell calls, is in
+``course.exercises.checking``).
 
 An exercise is checked by *behaviour*: its checker calls the student's function on small cases and compares
 what comes back with the course's public mechanisms (the cache, the policies, the models), never with a copy
@@ -13,7 +14,6 @@ is reported as such, with 0 points, whatever it returns.
 
 from __future__ import annotations
 
-import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ from typing import Any
 from course.exercises.shortcuts import Watched
 
 __all__ = ["Exercise", "Wrong", "Partial", "ExerciseFailed", "NotDoneYet", "StudentRaised", "REGISTRY", "exercise",
-           "check", "result_of", "outcome", "KINDS", "get"]
+           "result_of", "outcome", "KINDS"]
 
 AUTOFILL_ENV = "COURSE_AUTOFILL"
 KINDS = ("exercise", "build", "question", "capstone", "writing")
@@ -96,14 +96,6 @@ def exercise(id: str, title: str, points: int = 1, fallback: Callable | None = N
     return register
 
 
-def get(id: str) -> Exercise:
-    import course.exercises  # noqa: F401  (importing the package registers every notebook's exercises)
-
-    if id not in REGISTRY:
-        raise KeyError(f"unknown exercise {id!r}; known: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[id]
-
-
 def result_of(ex: Exercise, fn: Callable) -> tuple[str, str]:
     """Run an exercise's checker on ``fn``: ("pass" | "not_done" | "wrong" | "error" | "forwarded", feedback)."""
     status, feedback, _ = outcome(ex, fn)
@@ -148,58 +140,3 @@ def _judge(ex: Exercise, fn: Callable, measure: Callable[[Callable], str | None]
         where = next((f"line {f.lineno}" for f in reversed(frames) if "course" not in f.filename), "")
         return "error", f"your function raised {type(e).__name__}: {e} {where}".strip(), 0
     return "pass", f"correct; {note}" if note else "correct", ex.points
-
-
-def _autofill_from_env() -> bool:
-    return os.environ.get(AUTOFILL_ENV, "0") == "1"
-
-
-def _carry_on_with(ex: Exercise, fn: Callable) -> Callable:
-    """What the notebook runs on with after an exercise that is not right: the fallback, else the function."""
-    return ex.fallback if ex.fallback is not None else fn
-
-
-def check(id: str, fn: Callable, autofill: bool = False, answers: str = "shown", key: str | None = None) -> Callable:
-    """Check a student's function for exercise ``id``; return the function to use from now on.
-
-    An exercise not done yet raises ``NotDoneYet``, unless ``autofill`` (the notebook's AUTOFILL parameter) is
-    true or ``COURSE_AUTOFILL=1`` is set: then the exercise's fallback (built on the course's mechanisms) is
-    returned, so that the notebook runs on.
-
-    In a kernel started by the autograder, the grader checks ``fn`` from its own process (this kernel only
-    answers its calls, see ``course.exercises.serve``); the notebook then carries on, silently, with ``fn`` when a
-    local run of the checker passes and with the fallback otherwise.
-
-    Questions: ``key`` is the answer and its hints as ``python -m course release`` wrote them into the check cell
-    (answers shown); ``answers="hidden"`` (``release --hide-answers``) says only whether an answer is well-formed.
-    """
-    if answers not in ("shown", "hidden"):
-        raise ValueError(f"answers must be 'shown' or 'hidden', got {answers!r}")
-    from course.exercises import serve
-
-    ex = get(id)
-    if serve.grading():
-        serve.serve(id, fn, ex.shortcuts)
-        return fn if result_of(ex, fn)[0] == "pass" else _carry_on_with(ex, fn)
-    if not isinstance(autofill, bool):  # bool("False") is True: a string must not switch it on
-        raise TypeError(f"autofill must be True or False, got {autofill!r} ({type(autofill).__name__})")
-    autofill = autofill or _autofill_from_env()
-    if ex.kind == "question":
-        from course.exercises.questions import check_question
-
-        return check_question(ex, fn, autofill, key if answers == "shown" else None)
-    status, feedback = result_of(ex, fn)
-    if status == "pass":
-        print(f"✓ {ex.title}: correct.")
-        return fn
-    if status == "not_done":
-        if autofill:
-            if ex.fallback is None:
-                print(f"⚠ {ex.title}: not done yet, AUTOFILL is on; the notebook does not need it later.")
-                return fn
-            print(f"⚠ {ex.title}: not done yet, AUTOFILL is on, so the course's own implementation is used from here "
-                  "on.")
-            return ex.fallback
-        raise NotDoneYet(f"{ex.title} is not done yet: replace `raise NotImplementedError()` with your code "
-                         "(or set AUTOFILL = True in the parameters cell to run on with the course's implementation).")
-    raise ExerciseFailed(f"✗ {ex.title}: {feedback}")

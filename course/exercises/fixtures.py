@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from course.evaluate import compress_prompt
+from course.compression import compress_prompt
 from course.models import build_model
 from course.models.base import CausalLM, ModelConfig
 from course.policies import Policy
@@ -52,7 +52,7 @@ def _kept(cache) -> torch.Tensor:
 def policy_trace(model: CausalLM, ids: torch.Tensor, policy: Policy,
                  prompt: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Run ``policy`` in the real cache: the first ``prompt`` tokens of ``ids`` [1, T] as one prompt,
-    compressed (``course.evaluate.compress_prompt``), then one token at a time (the decode loop).
+    compressed (``course.compression.compress_prompt``), then one token at a time (the decode loop).
 
     Returns the kept positions ([L, H_kv, S], sorted) after the compression (if any) and after every
     decoding step, and the NLL of every token predicted by a decoding step [T - max(prompt, 1)]."""

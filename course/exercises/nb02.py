@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from course.attention import key_mass, sink_mass
+from course.attention_analysis import key_mass, sink_mass
 from course.models.attend import attention_weights
 from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import close, tiny_model

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-from course.attention import top_k_mass
+from course.attention_analysis import top_k_mass
 from course.builds import drive_layers
 from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from course.builds import best_voted
-from course.evaluate import compress_prompt, compress_prompts
+from course.compression import compress_prompt, compress_prompts
 from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
 from course.exercises.guards import GuardedModel

@@ -1,7 +1,7 @@
 """Which of the course's own implementations a student's function calls while it is checked.
 
 An exercise names its shortcuts: functions and classes of the course that implement what the student is asked
-to write (the SnapKV build names ``course.policies.SnapKV`` and ``course.evaluate.compress_prompt``). While the
+to write (the SnapKV build names ``course.policies.SnapKV`` and ``course.compression.compress_prompt``). While the
 student's function runs, a profile hook watches for a call into any of their code objects (for a class, every
 function defined in it and in its course base classes, except those of ``Policy`` itself, which every cache
 calls). The first one reached is named in the feedback.

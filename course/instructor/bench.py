@@ -31,7 +31,7 @@ import torch
 from course.data import load_text, tokenize
 from course.models import load_hf_model, load_model
 from course.models.base import CausalLM
-from course.evaluate import compress_prompt
+from course.compression import compress_prompt
 from course.policies import make_policy
 from course.streaming import decode_stream, exact_stream
 from course.timing import alternate, bench_policies, streaming_vs_recompute

@@ -250,12 +250,13 @@ def build_site(executed: Path | str, out: Path | str, root: Path | str, partial:
     if not bench:
         bench = ["<h1>Benchmarks</h1><p>No benchmark has been recorded (<code>python -m course bench</code>).</p>"]
     (out / BENCHMARKS).write_text(_page("Benchmarks", "<hr>".join(bench), nav), encoding="utf-8")
-    from course.instructor.reproductions import read_rows, render
+    from course.instructor.reproductions import column_name, read_not_run, read_rows, render
 
     rows, run_params = read_rows(executed)  # the table of the notebooks shown, when they recorded rows
     for page, (title, doc, absent) in DOC_PAGES.items():
         path = root / "docs" / doc
-        text = render(rows, run_params) if page == REPRODUCTIONS and rows else \
+        text = render({column_name(executed, run_params): (rows, run_params, read_not_run(executed))}) \
+            if page == REPRODUCTIONS and rows else \
             path.read_text(encoding="utf-8") if path.is_file() else None
         body = _doc_links(_markdown(text)) if text is not None else f"<h1>{title}</h1><p>{absent}</p>"
         (out / page).write_text(_page(title, body, nav), encoding="utf-8")

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from course.data import load_text, tokenize
-from course.evaluate import compress_prompt
+from course.compression import compress_prompt
 from course.instructor.bench import machine
 from course.instructor.grading.throughput import write_report
 from course.models import from_transformers, load_hf_model

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
@@ -61,7 +61,7 @@ from course.instructor.grading.submissions import UNKNOWN_STUDENT, Submission, f
 from course.progress import PROGRESS_ENV
 from course.threads import THREADS_ENV
 
-__all__ = ["grade_submission", "grade", "thread_env", "Limits", "NEEDS_KEY"]
+__all__ = ["grade_submission", "grade", "stop_on_signals", "thread_env", "Limits", "NEEDS_KEY"]
 
 NEEDS_KEY = ("question", "capstone")  # exercises graded with what only the key holds
 INJECTED_PARAMETERS = "# Parameters injected by the autograder\nFAST = True\nAUTOFILL = False\n"
@@ -354,6 +354,27 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
     if shard is not None and gradebook is not None:
         write_record(gradebook.folder, shard, [str(p) for p in paths], layout, mine, complete=True)
     return gradebook.rows if gradebook is not None else in_order(rows)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """While inside: SIGINT and SIGTERM set the event ``grade`` takes as ``stop`` and raise ``KeyboardInterrupt``
+    (once: a second signal must not cut the clean-up short); the previous handlers come back on leaving."""
+    import signal
+
+    stopping = threading.Event()
+
+    def stop(signum: int, frame: object) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopping
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _announce(subs: list[Submission], progress: Callable[[str], None] | None) -> Iterator[Submission]:

@@ -1,6 +1,6 @@
 """Several submissions at once: ``grade --jobs N`` runs N grading processes, each grading one submission at a time.
 
-Each grading process (``python -m course.instructor.grading.pool SETTINGS``) does exactly what a serial run does
+Each grading process (``python -m course.instructor.grading.pool_worker SETTINGS``) does exactly what a serial run does
 for one submission (``grade_submission``: its own sandboxed kernel, its own check server, the checkers run in its
 own process), so one submission's checkers never share torch's global state or threads with another's. It reads
 one submission per line on stdin and answers with that submission's rows, one JSON line on stdout. Each kernel,
@@ -14,10 +14,8 @@ is killed, every grading process is told (``PR_SET_PDEATHSIG``) and does the sam
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
-import os
 import selectors
 import signal
 import subprocess
@@ -26,10 +24,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from course.instructor.grading.sandbox import PR_SET_PDEATHSIG, Limits
+from course.instructor.grading.sandbox import Limits
 from course.instructor.grading.submissions import Submission
 
-__all__ = ["GradingPool", "main"]
+__all__ = ["GradingPool"]
 
 STOP_WAIT = 60.0  # seconds a grading process may take to clean up after SIGTERM before it is killed
 
@@ -54,7 +52,7 @@ class GradingPool:
     def __enter__(self) -> GradingPool:
         for _ in range(self.jobs):
             self.processes.append(subprocess.Popen(
-                [sys.executable, "-m", "course.instructor.grading.pool", self.settings], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "course.instructor.grading.pool_worker", self.settings], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, text=True, encoding="utf-8", start_new_session=True))
         return self
 
@@ -113,55 +111,3 @@ class GradingPool:
                         give(p)
         finally:
             selector.close()
-
-
-# ----------------------------------------------------------------------------- one grading process
-def _die_with_parent() -> None:
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:  # the grader died before the signal was armed
-        sys.exit(0)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Grade the submissions named on stdin, one per line; answer each with its rows on stdout."""
-    stopping = []
-
-    def stop(signum: int, frame: object) -> None:
-        if not stopping:  # a second signal must not cut the clean-up short
-            stopping.append(signum)
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the grader decides when to stop
-    _die_with_parent()
-    settings = json.loads((argv or sys.argv[1:])[0])
-    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)  # whatever else prints goes to stderr, never into the answers
-
-    import torch
-
-    from course.instructor.grading.grade import grade_submission
-    from course.instructor.grading.key import read_key
-
-    if settings["threads"]:
-        torch.set_num_threads(settings["threads"])
-    limits = Limits(**settings["limits"]) if settings["limits"] else None
-    key = read_key(Path(settings["key"]))
-    try:
-        while line := sys.stdin.readline():
-            task = json.loads(line)
-            sub = Submission(Path(task["path"]), task["student"], task["notebook"], task["problem"])
-            rows = grade_submission(sub, settings["timeout"], settings["total_timeout"], limits, settings["threads"],
-                                    key=key)
-            if stopping:  # interrupted: whatever the run returned is not a grade
-                return 130
-            answers.write(json.dumps(rows, ensure_ascii=False) + "\n")
-            answers.flush()
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,281 @@
+"""The instructor's commands: ``host``, ``release``, ``grade``, ``gradebook``, ``check-outputs``,
+``reproductions`` and ``site`` (they need the ``instructor`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+
+from course.cli.args import Command, check_out_folder, jobs_count, positive_int, seed_int
+
+
+# ----------------------------------------------------------------------------- host
+def _host_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repo", default=None, help="the course's git repository, e.g. https://github.com/OWNER/NAME")
+    p.add_argument("--branch", default=None, help="its branch (default: the current setting, else main)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 2 if a notebook or the README disagrees")
+    p.add_argument("--root", default=".", help="the repository's folder (default: .)")
+    p.add_argument("--json", action="store_true")
+
+
+def _host(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.instructor import host
+
+    root = Path(args.root)
+    if not (root / "pyproject.toml").is_file():
+        raise ValueError(f"--root {args.root!r} is not the course's repository (no pyproject.toml)")
+    current = host.read_host(root)
+    if args.check:
+        if args.repo or args.branch:
+            raise ValueError("--check writes nothing: drop --repo and --branch")
+        problems = host.check(root)
+        if problems:
+            raise RuntimeError("; ".join(problems) + "; run `python -m course host` and `python -m course release`")
+        if not args.json:
+            print(f"in sync with pyproject.toml (repository {current.repo or 'not set'}, branch {current.branch})")
+        return {"repo": current.repo, "branch": current.branch, "in_sync": True}
+    wanted = None
+    if args.repo is not None or args.branch is not None:
+        wanted = host.Host(current.repo if args.repo is None else args.repo, args.branch or current.branch)
+    changed = host.apply(root, wanted)
+    if not args.json:
+        for path in changed:
+            print(f"wrote {path}")
+        print("now run `python -m course release` to update the student copies")
+    return {"repo": host.read_host(root).repo, "branch": host.read_host(root).branch,
+            "written": [str(p) for p in changed]}
+
+
+# ----------------------------------------------------------------------------- release
+def _release_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--notebooks", default="notebooks", help="folder of the solution notebooks (default: ./notebooks)")
+    p.add_argument("--out", default=None, help="folder for the student copies (default: <notebooks>/student)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit with an error listing the student copies that are not up to date")
+    p.add_argument("--hide-answers", action="store_true",
+                   help="for graded use: a question's check says only whether the answer is well-formed (the grader "
+                        "decides); write the copies to another folder with --out (the committed ones keep the hints)")
+    p.add_argument("--key", default=None, metavar="FILE",
+                   help="also write the grading key of this release (answers, the capstone's held-out passages, the "
+                        "released lines) to FILE, outside --out: keep it from the students, grade with it")
+    p.add_argument("--seed", type=seed_int, default=None,
+                   help="draw the capstone's held-out passages from this seed (default: at random)")
+    p.add_argument("--json", action="store_true")
+
+
+def _release(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.instructor import require
+
+    require("release", "nbformat")
+    from course.instructor.release import check_release, release
+
+    solutions = Path(args.notebooks)
+    students = Path(args.out) if args.out else solutions / "student"
+    if args.check:
+        problems = check_release(solutions, students)
+        if problems:
+            listing = "\n".join(f"{d.path} ({d.problem})" for d in problems)
+            raise RuntimeError(f"the student copies are not up to date (run `python -m course release`)\n{listing}")
+        if not args.json:
+            print(f"the student copies in {students} are up to date")
+        return {"student_dir": str(students), "up_to_date": True}
+    key = Path(args.key) if args.key else None
+    written = release(solutions, students, hidden_answers=args.hide_answers, key_path=key, seed=args.seed)
+    if not args.json:
+        for path in written:
+            print(f"wrote {path}")
+        if key:
+            print(f"wrote the grading key {key} (keep it from the students; grade with --key {key})")
+    return {"student_dir": str(students), "written": [str(p) for p in written], "key": str(key) if key else None}
+
+
+# ----------------------------------------------------------------------------- grade
+def _grade_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="submitted notebooks, or class folders searched recursively for *.ipynb")
+    p.add_argument("--key", required=True, metavar="FILE",
+                   help="the grading key that `python -m course release --key FILE` wrote with the copies handed out")
+    p.add_argument("--layout", choices=["folders", "flat"], default="folders",
+                   help="who a notebook belongs to: folders (default): PATH/STUDENT/.../NN_name.ipynb; "
+                        "flat: PATH/STUDENT__NN_name.ipynb (see docs/grading.md)")
+    p.add_argument("--timeout", type=positive_int, default=300, help="seconds each cell may run (default 300)")
+    p.add_argument("--total-timeout", type=positive_int, default=None,
+                   help="seconds a whole notebook may run (default: 6 x --timeout)")
+    p.add_argument("--memory", type=positive_int, default=8192,
+                   help="MB of address space each kernel process may use (default 8192)")
+    p.add_argument("--max-output", type=positive_int, default=10,
+                   help="MB a cell may print before it is interrupted (default 10)")
+    p.add_argument("--out", default="gradebook",
+                   help="folder for gradebook.csv and gradebook.json, written after every submission; "
+                        "unchanged submissions already in it are not graded again (default: ./gradebook)")
+    p.add_argument("--regrade", action="store_true", help="grade every submission again, ignoring --out's gradebook")
+    p.add_argument("--jobs", type=jobs_count, default=None,
+                   help="submissions graded at once, each kernel with its share of the cores as torch threads "
+                        "(1 to the cores available; default: every core)")
+    p.add_argument("--shard", type=shard_spec, default=None, metavar="INDEX/COUNT",
+                   help="grade only shard INDEX (from 0) of COUNT, e.g. a job array's task: a fixed split of the "
+                        "submissions; merge the shards' --out folders with `gradebook merge` (see docs/grading.md)")
+    p.add_argument("--json", action="store_true")
+
+
+def shard_spec(text: str):
+    """argparse type: ``INDEX/COUNT``, a ``course.instructor.grading.shards.Shard``."""
+    from course.instructor.grading.shards import Shard
+
+    try:
+        return Shard.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--shard ")) from None
+
+
+def _grade(args: argparse.Namespace) -> dict:
+    import sys
+    from pathlib import Path
+
+    from course.instructor import require
+
+    require("grade", "nbformat", "nbclient", "jupyter_client", "ipykernel")
+    from course.instructor.grading.gradebook import Gradebook, format_gradebook, totals
+    from course.instructor.grading.grade import grade, stop_on_signals
+    from course.instructor.grading.key import read_key
+    from course.instructor.grading.sandbox import Limits
+    from course.instructor.grading.shards import check_out_for
+    from course.instructor.grading.submissions import find_submissions
+    from course.threads import cpu_cores
+
+    shard = args.shard
+    jobs = args.jobs or cpu_cores()
+    read_key(Path(args.key))  # an unusable key is reported before anything is graded
+    find_submissions(args.paths, args.layout)  # a missing PATH is reported before --out is created
+    check_out_for(Path(args.out), shard)
+    book = Gradebook(Path(args.out), regrade=args.regrade)  # checked before anything is graded
+    total = args.total_timeout or 6 * args.timeout
+    limits = Limits(cpu_seconds=2 * total, memory_mb=args.memory, output_mb=args.max_output)
+
+    try:
+        with stop_on_signals() as stopping:
+            rows = grade(args.paths, args.timeout, args.total_timeout, args.layout, limits, book,
+                         progress=None if args.json else lambda line: print(line, flush=True), stop=stopping,
+                         jobs=jobs, threads=max(1, cpu_cores() // jobs), shard=shard, key=Path(args.key))
+    except KeyboardInterrupt:
+        print(f"interrupted: {book.json_path} and {book.csv_path} hold the submissions graded so far; "
+              "run the same command again to grade the rest", file=sys.stderr)
+        raise SystemExit(130) from None
+    if not args.json:
+        print(format_gradebook(rows))
+        print(f"wrote {book.csv_path} and {book.json_path}" + (f" (shard {shard})" if shard else ""))
+    return {"rows": rows, "totals": totals(rows), "gradebook": [str(book.csv_path), str(book.json_path)],
+            "jobs": jobs, "shard": str(shard) if shard else None}
+
+
+def _gradebook_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    merge = sub.add_parser("merge", help="merge the gradebooks of every shard (grade --shard i/N) into one",
+                           description="merge the gradebooks of every shard (grade --shard i/N) into one; refuses "
+                                       "missing, unfinished or overlapping shards")
+    merge.add_argument("shards", nargs="+", metavar="SHARD_DIR", help="the --out folder of every shard")
+    merge.add_argument("--out", required=True, help="folder for the merged gradebook.csv and gradebook.json")
+    merge.add_argument("--json", action="store_true")
+
+
+def _gradebook(args: argparse.Namespace) -> dict:
+    from course.instructor.grading.gradebook import totals
+    from course.instructor.grading.shards import merge
+
+    book = merge(args.shards, args.out)
+    if not args.json:
+        people = len(totals(book.rows))
+        print(f"merged {len(args.shards)} shards: {len(book.rows)} rows for {people} student(s) in "
+              f"{book.csv_path} and {book.json_path}")
+    return {"rows": book.rows, "totals": totals(book.rows), "gradebook": [str(book.csv_path), str(book.json_path)]}
+
+
+# ----------------------------------------------------------------------------- check-outputs
+def _check_outputs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", default=["outputs"],
+                   help="executed notebooks, or folders of them (default: ./outputs)")
+    p.add_argument("--json", action="store_true")
+
+
+def _check_outputs(args: argparse.Namespace) -> dict:
+    from course.instructor import require
+
+    require("check-outputs", "nbformat")
+    from course.instructor.output_check import check_paths
+
+    notebooks, problems = check_paths(args.paths)
+    if problems:
+        listing = "\n".join(f"  {p}" for p in problems)
+        raise RuntimeError(f"{len(problems)} output(s) that read badly without a kernel:\n{listing}")
+    if not args.json:
+        print(f"{len(notebooks)} executed notebook(s): no frozen progress bar, widget text or loading message")
+    return {"notebooks": [str(n) for n in notebooks], "problems": []}
+
+
+# ----------------------------------------------------------------------------- site
+def _site_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="source", action="append", default=None,
+                   help="folder of executed notebooks, one column of the table each (give it twice: the FAST and the "
+                        "full-size copies; default: ./outputs, written by run-course.sh --execute)")
+    p.add_argument("--out", default="site", help="folder for the pages (default: ./site)")
+    p.add_argument("--root", default=".", help="the repository's folder: README.md, docs/ (default: .)")
+    p.add_argument("--partial", action="store_true", help="build even when some notebooks were not executed")
+    p.add_argument("--json", action="store_true")
+
+
+def _site(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.instructor import require
+
+    require("site", "nbformat", "nbconvert")
+    from course.instructor.site import build_site
+
+    if not (Path(args.root) / "README.md").is_file():
+        raise ValueError(f"--root {args.root!r} is not the course's repository (no README.md)")
+    check_out_folder(args.out)
+    result = build_site(args.source, args.out, args.root, partial=args.partial)
+    if not args.json:
+        left = f"; not executed, so not in it: {', '.join(result['missing'])}" if result["missing"] else ""
+        print(f"{len(result['pages'])} pages in {result['out']}/ (open {result['out']}/index.html){left}")
+    return result
+
+
+# ----------------------------------------------------------------------------- reproductions
+def _reproductions_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="source", action="append", default=None,
+                   help="folder of executed notebooks, one column of the table each (give it twice: the FAST and the "
+                        "full-size copies; default: ./outputs, written by run-course.sh --execute)")
+    p.add_argument("--out", default="docs/reproductions.md", help="the page to write (default: docs/reproductions.md)")
+    p.add_argument("--json", action="store_true")
+
+
+def _reproductions(args: argparse.Namespace) -> dict:
+    from course.instructor.reproductions import write_reproductions
+
+    result = write_reproductions(args.source or ["outputs"], args.out)
+    if not args.json:
+        counts = "; ".join(f"{name}: " + ", ".join(f"{n} {v}" for v, n in c.items())
+                           for name, c in result["columns"].items())
+        print(f"{result['rows']} rows (reproductions {counts}) -> {result['out']}")
+    return result
+
+
+COMMANDS = [
+    Command("host", "where the course lives: the Colab cells and README links follow pyproject.toml", _host_args,
+            _host),
+    Command("release", "write the student copies of the notebooks (exercise solutions removed)", _release_args,
+            _release),
+    Command("grade", "autograde submitted notebooks into a gradebook (CSV and JSON)", _grade_args, _grade),
+    Command("gradebook", "gradebooks: merge the shards of a grading split over several machines", _gradebook_args,
+            _gradebook),
+    Command("check-outputs", "check executed notebooks for frozen progress bars, widget text, loading messages",
+            _check_outputs_args, _check_outputs),
+    Command("reproductions", "the reproduction table (paper vs course, verdicts) from executed notebooks",
+            _reproductions_args, _reproductions),
+    Command("site", "build the course site (HTML pages of the executed notebooks, index, benchmarks)", _site_args,
+            _site),
+]

@@ -1,0 +1,116 @@
+"""Claims: asserted on trained weights, recorded without raising on untrained ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from course.claims import RECORDED, ClaimFailed, claim, report
+
+from tests.conftest import tiny_config
+
+
+def test_a_claim_is_asserted_on_a_trained_model():
+    trained = tiny_config("gpt2")
+    assert claim(True, "holds", trained) is True
+    with pytest.raises(ClaimFailed, match="tiny-gpt2: the first token is a sink"):
+        claim(False, "the first token is a sink", trained)
+
+
+def test_a_claim_is_recorded_on_a_random_model(capsys):
+    untrained = tiny_config("gpt2", random_weights=True, name="gpt2-random")
+    before = len(RECORDED)
+    assert claim(False, "the first token is a sink", untrained) is False
+    assert RECORDED[before:] == [type(RECORDED[before])("the first token is a sink", False, "gpt2-random")]
+    assert "claim recorded, not asserted] the first token is a sink -- does not hold" in capsys.readouterr().out
+
+
+def test_a_report_prints_holds_or_not_never_reproduced_and_never_raises(capsys):
+    from course.claims import REPRODUCTIONS
+
+    trained = tiny_config("gpt2")
+    before = len(RECORDED)
+    assert report(False, "H2O at 20% stays within 15% of dense", trained, "median ratio 1.31") is False
+    assert report(True, "the sink is kept", trained, "30 of 30 heads", notebook="98", n=4) is True
+    out = capsys.readouterr().out
+    assert "within 15% of dense -- does not hold (median ratio 1.31)" in out
+    assert "the sink is kept -- holds (30 of 30 heads)" in out and "reproduced" not in out
+    assert [c.held for c in RECORDED[before:]] == [False, True]
+    row = [r for r in REPRODUCTIONS if r.notebook == "98"]
+    assert [(r.kind, r.verdict, r.n) for r in row] == [("finding", "holds", 4)]
+    from course.claims import show_reproductions
+
+    show_reproductions("98")
+    assert "Here: yes (n = 4)" in capsys.readouterr().out
+    REPRODUCTIONS[:] = [r for r in REPRODUCTIONS if r.notebook != "98"]
+
+
+def test_every_verdict_is_judged_on_an_interval_and_straddling_is_inconclusive():
+    from course.claims import Rule
+    from course.stats import interval
+
+    assert interval([1.0, 3.0, 2.0]).how == "range" and (interval([1.0, 3.0, 2.0]).low, interval([1.0, 3.0]).high) \
+        == (1.0, 3.0)
+    many = interval([1.0] * 4 + [2.0] * 4 + [1.5])
+    assert many.how == "95% bootstrap interval" and many.n == 9 and 1.0 <= many.low <= many.high <= 2.0
+    assert interval(4.2).n == 1 and interval(4.2).how == "one value"
+    assert interval([0, 1, 1, 1], "mean").point == 0.75
+    up = Rule("window only / sinks", at_least=10, partly=2)
+    assert up.verdict([12, 15, 11])[0] == "reproduced"
+    assert up.verdict([3, 4, 9])[0] == "partly"
+    assert up.verdict([1, 1.5])[0] == "not reproduced at this scale"
+    verdict, reason = up.verdict([8, 30, 40])          # median 30, but one passage below 10
+    assert verdict == "inconclusive at n = 3" and "straddles 10" in reason
+    assert up.verdict([1.5, 3])[0] == "inconclusive at n = 2"   # across the partly bound
+    assert up.verdict(None) == ("not reproduced at this scale", "window only / sinks: no number was measured")
+    down = Rule("sinks / dense", at_most=1.05)
+    assert down.verdict([0.98, 1.0, 1.04])[0] == "reproduced" and down.verdict([1.0, 1.2])[0].startswith("inconclusive")
+
+
+def test_the_three_kinds_of_row_are_kept_apart(capsys):
+    from course.claims import REPRODUCTIONS, Rule, finding, illustration, reproduction, show_reproductions
+
+    trained = tiny_config("gpt2")
+    rule = Rule("no sinks / 4 sinks", at_least=10, partly=2)
+    reproduction("97", "streamingllm.table2.llama2", "350x", [20, 30, 40], rule, trained, "3 passages")
+    shown = illustration("97", "streamingllm.table7", "0.00 beyond the cache", 0.0, "recall beyond the cache",
+                         trained, "2 passkeys", why="true by construction: an evicted token cannot be recalled")
+    assert shown.kind == "illustration" and "reproduced" not in shown.verdict
+    own = finding("97", "H2O beats StreamingLLM at 5 %", [0.8, 0.9, 0.7],
+                  Rule("H2O / StreamingLLM", at_most=0.95), trained, "3 passages")
+    assert own.kind == "finding" and own.verdict == "holds" and own.source.startswith("the course's own")
+    with pytest.raises(ValueError, match="no partly"):
+        finding("97", "x", [1.0], rule, trained, "")
+    rows = show_reproductions("97")
+    out = capsys.readouterr().out
+    assert [r.kind for r in rows] == ["reproduction", "illustration", "finding"]
+    assert "Illustrations (shown beside a paper's number, not counted)" in out and "n = 3" in out
+    REPRODUCTIONS[:] = [r for r in REPRODUCTIONS if r.notebook != "97"]
+
+
+def test_first_token_ablation_zeroes_the_value_and_hides_the_key(family):
+    import torch
+
+    from course.attention_analysis import first_token_ablation, residual_norms, value_norms
+
+    from tests.conftest import tiny_model
+
+    model = tiny_model(family, dtype=torch.float32)
+    ids = torch.randint(0, 97, (1, 40))
+    out = first_token_ablation(model, ids, after=8)
+    assert set(out) == {"normal", "zero_value", "no_key"}
+    assert out["zero_value"] != out["normal"] and out["no_key"] != out["normal"]
+    with torch.no_grad():  # after the ablation the model is unchanged
+        logits = model(ids[:, :-1]).logits
+    nll = torch.nn.functional.cross_entropy(logits[0, 8:].double(), ids[0, 9:])
+    assert abs(out["normal"] - float(nll.exp())) < 1e-4 * out["normal"]
+    assert residual_norms(model, ids).shape == (2, 40) and value_norms(model, ids).shape == (2, 40)
+    from course.attention_analysis import activation_peaks
+
+    peaks = activation_peaks(model, ids)                 # per layer: token 0's largest activation / the median one
+    assert peaks.shape == (2,) and bool((peaks > 0).all())
+    from course.attention_analysis import _first_value_zeroed
+
+    with _first_value_zeroed(model):
+        zeroed = value_norms(model, ids)
+    assert torch.all(zeroed[:, 0] == 0)  # in every layer
+    assert torch.allclose(zeroed[0, 1:], value_norms(model, ids)[0, 1:])  # the first layer: nothing else changed

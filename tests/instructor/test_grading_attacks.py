@@ -1,0 +1,81 @@
+"""The autograder against a class of hostile submissions: every attack scores what it deserves, every
+other submission is unaffected, and no process outlives the grading run."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from course.instructor.grading.grade import Limits, grade
+from course.instructor.grading.sandbox import descendants
+from tests.instructor.grading_attacks import EXERCISES, build_class
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory, grading_key) -> dict:
+    root = tmp_path_factory.mktemp("class")
+    pid_file = tmp_path_factory.mktemp("daemon") / "pid"
+    expected = build_class(root, pid_file)
+    start = time.monotonic()
+    rows = grade([root], timeout=15, total_timeout=120, limits=Limits(cpu_seconds=240, output_mb=10), key=grading_key)
+    seconds = time.monotonic() - start
+    by_student: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_student.setdefault(r["student"], {})[r["exercise"]] = r
+    return {"rows": by_student, "expected": expected, "pid_file": pid_file, "seconds": seconds}
+
+
+def test_every_submission_gets_the_points_it_deserves(attacked):
+    got = {s: sum(r["points"] for r in rows.values()) for s, rows in attacked["rows"].items()}
+    assert got == attacked["expected"], {s: {e: (r["status"], r["feedback"][:120]) for e, r in rows.items()}
+                                         for s, rows in attacked["rows"].items()}
+
+
+def test_patching_the_checker_in_the_kernel_changes_nothing(attacked):
+    rows = attacked["rows"]["b_patcher"]
+    assert all(r["status"] == "not_done" for r in rows.values()), rows
+
+
+def test_forged_records_are_not_read(attacked):
+    rows = attacked["rows"]["c_forger"]
+    assert all(r["status"] == "not_done" for r in rows.values()), rows
+
+
+@pytest.mark.parametrize("student", ["d_forwarder", "e_quiet_forwarder"])
+def test_forwarding_to_the_course_is_reported(attacked, student):
+    rows = attacked["rows"][student]
+    assert all(rows[e]["status"] == "forwarded" and "the course's own implementation" in rows[e]["feedback"]
+               for e in EXERCISES), rows
+
+
+def test_a_detached_process_neither_survives_nor_reaches_the_next_submission(attacked):
+    assert attacked["pid_file"].exists(), "the saboteur's daemon never started: the test proves nothing"
+    pid = int(attacked["pid_file"].read_text())
+    assert not _alive(pid), f"the saboteur's daemon {pid} survived the grading run"
+    assert all(r["status"] == "pass" for r in attacked["rows"]["i_victim"].values())
+    saboteur = attacked["rows"]["f_saboteur"]
+    assert all(r["status"] == "review" and "COURSE_GRADER_SOCKET" in r["feedback"] for r in saboteur.values())
+
+
+def test_no_process_is_left_behind(attacked):
+    assert descendants(os.getpid()) == []
+
+
+def test_a_kernel_that_never_ends_is_stopped_and_keeps_its_grades(attacked):
+    assert all(r["status"] == "pass" for r in attacked["rows"]["g_never_ends"].values())
+
+
+def test_flooding_output_is_cut_off(attacked):
+    assert all(r["status"] == "pass" for r in attacked["rows"]["h_flooder"].values())
+    assert attacked["seconds"] < 9 * 60, f"grading the class took {attacked['seconds']:.0f} s"
