@@ -130,7 +130,8 @@ def test_each_row_of_a_padded_batch_is_its_prompt_alone(name, kw, impl):
     ids, mask = left_padded(rows)
     tokens, logits, kept = generate_rows(hf, ids, mask, make())
     for i, row in enumerate(rows):
-        alone, alone_logits, alone_kept = generate_rows(hf, row[None], torch.ones(1, len(row), dtype=torch.long), make())
+        alone, alone_logits, alone_kept = generate_rows(hf, row[None], torch.ones(1, len(row), dtype=torch.long),
+                                                        make())
         assert torch.equal(tokens[i], alone[0]), f"row {i} ({len(row)} tokens)"
         assert (logits[:, i].double() - alone_logits[:, 0].double()).abs().max() <= LOGITS
         for layer, (b, a) in enumerate(zip(kept, alone_kept)):  # the same tokens kept, padding never among them
@@ -185,7 +186,8 @@ class Oracle:
         return scores
 
 
-@pytest.mark.parametrize("name,kw,impl", [("streaming", {}, "sdpa"), ("h2o", {"sinks": 2, "positions": "cache"}, "eager")])
+@pytest.mark.parametrize("name,kw,impl", [("streaming", {}, "sdpa"),
+                                         ("h2o", {"sinks": 2, "positions": "cache"}, "eager")])
 @pytest.mark.parametrize("mode", ["sampling", "beams"])
 def test_sampling_beams_and_several_sequences_per_prompt(name, kw, impl, mode):
     hf = small_hf("llama", impl)
