@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from course.policies import FullCache, Policy
+from course.rope import rope, rope_tables
 
 __all__ = ["LayerCache", "KVCache", "CacheGroup", "AttentionView", "SinkRotation", "cache_bytes_per_token", "Chunks",
            "prefill_bytes_per_token", "longest_prompt"]
@@ -493,7 +494,6 @@ class KVCache:
         """``rope(x, pos, rope_theta)`` for the model's fast path. Every layer of a forward rotates its queries and
         keys at the same positions, so the cos/sin tables are computed once per forward (kept while ``pos`` is the
         same tensor and the stream has not advanced)."""
-        from course.models.llama import rope, rope_tables
 
         memo = self._tables
         if memo is None or memo[0] is not pos or memo[1] != self.seen or memo[2] != x.dtype:
@@ -532,7 +532,6 @@ class KVCache:
 
     def _tables_of(self, offsets: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
         """RoPE's tables for rotating keys by ``offsets`` ([M]), in float32 at least (float64 stays)."""
-        from course.models.llama import rope_tables  # the one RoPE of the course (the model imports this module)
 
         return rope_tables(offsets[None, None], self.rope_theta, keys.shape[-1],
                            torch.promote_types(keys.dtype, torch.float32))
@@ -542,7 +541,6 @@ class KVCache:
                 tables: tuple[Tensor, Tensor]) -> None:
         """Rotate the keys at ``slots`` (indices into [B, H_kv, S]) to ``offsets`` ([M]) beyond their original
         positions, from their originals, with ``tables = _tables_of(offsets)``."""
-        from course.models.llama import rope
 
         if slots[0].numel() == 0:
             return

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, LogitsProcessorList
 
-from course.evaluate import compress_prompt
+from course.compression import compress_prompt
 from course.models import from_transformers
 from course.policies import make_policy
 from course.transformers_cache import PolicyCache, UnsupportedCombination, course_config
