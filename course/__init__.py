@@ -7,6 +7,7 @@ What a student's kernel imports
   ``course.policies``            eviction policies behind one interface, and the table that declares each one
   ``course.function_policy``     policies whose decisions are a notebook's own functions of tensors
   ``course.kvcache``             the KV cache: slots, eviction by a policy's scores, prompt compression
+  ``course.rope``                the rotary position embedding the models and the cache share
   ``course.models``              models that own their KV cache (one ``Family`` per architecture; ``attend``)
   ``course.compression``         the one prompt-compression step that generation and evaluation share
   ``course.quantize``            the quantized store (KIVI) a policy's kept tokens can be held in

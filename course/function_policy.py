@@ -43,6 +43,11 @@ def _copy(t: Tensor) -> Tensor:
     return t.detach().to("cpu", copy=True)
 
 
+def _row(seen: int | Tensor, b: int) -> int:
+    """Row ``b``'s tokens seen: ``seen`` itself, or its row in a left-padded batch (``KVCache.row_seen``)."""
+    return seen if isinstance(seen, int) else int(seen.reshape(-1)[b])
+
+
 def _as_tensor(value: Any, shape: tuple[int, ...], what: str) -> Tensor:
     """``value`` as a tensor of ``shape``, or a ValueError naming the function and the shapes."""
     try:
@@ -89,8 +94,8 @@ class FunctionPolicy(Policy):
 
     def scores(self, layer, seen: int) -> Tensor:
         pos, stat = layer.positions[:, :, : layer.length], layer.stat(self.name)
-        rows = [_as_tensor(self._scores(_copy(pos[b]), _copy(stat[b]), seen), pos.shape[1:], "the scores function")
-                for b in range(pos.shape[0])]
+        rows = [_as_tensor(self._scores(_copy(pos[b]), _copy(stat[b]), _row(seen, b)), pos.shape[1:],
+                           "the scores function") for b in range(pos.shape[0])]
         return torch.stack(rows).to(device=pos.device, dtype=torch.float32)
 
     def attention_rows(self, n_queries: int) -> int:
@@ -101,7 +106,7 @@ class FunctionPolicy(Policy):
             return
         pos, stat = layer.positions[:, :, : layer.length], layer.stat(self.name)
         for b in range(pos.shape[0]):
-            new = self._observe(_copy(stat[b]), _copy(weights[b].float()), _copy(pos[b]), seen)
+            new = self._observe(_copy(stat[b]), _copy(weights[b].float()), _copy(pos[b]), _row(seen, b))
             stat[b] = _as_tensor(new, stat.shape[1:], "the observe function").to(stat)
 
     def cache_ranks(self, k_pos: Tensor) -> Tensor:

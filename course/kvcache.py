@@ -13,7 +13,11 @@ tokens in different heads). Attention is permutation invariant over keys as long
 carries its position, so slot order does not matter.
 
 Keys are stored before any rotary embedding, so the model can give cached keys new
-positions (StreamingLLM's position re-assignment, see ``rope_positions``).
+positions (StreamingLLM's position re-assignment, see ``rope_positions``): the readable path,
+where the model rotates every cached key at every step. A cache made with ``rope_theta`` takes
+keys already rotated at their original positions instead (as transformers caches them, and the
+course's Llama on its fast path) and keeps each one rotated where the policy puts it: only the
+keys the policy moves are rotated again, always from the key as it arrived, in float32.
 
 The memory a cache costs is 2 (K and V) x layers x kv_heads x head_dim x tokens x bytes
 (``cache_bytes_per_token``, the one formula the course uses): ``nbytes`` reports it for the slots
@@ -27,6 +31,9 @@ weights back with ``observe``. Policies never see the model, and the model never
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,6 +41,7 @@ import torch
 from torch import Tensor
 
 from course.policies import FullCache, Policy
+from course.rope import rope, rope_tables
 
 __all__ = ["LayerCache", "KVCache", "CacheGroup", "AttentionView", "SinkRotation", "cache_bytes_per_token", "Chunks",
            "prefill_bytes_per_token", "longest_prompt"]
@@ -44,6 +52,20 @@ Chunks = Literal["prompt", "stream"]
 def cache_bytes_per_token(n_layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     """Bytes one token occupies in the cache: 2 (K and V) * L * H_kv * d * bytes per number."""
     return 2 * n_layers * kv_heads * head_dim * dtype_bytes
+
+
+def _no_grad(fn):
+    """``torch.no_grad()`` for the cache's writes, skipped where gradients are off already (decoding runs under
+    ``torch.inference_mode``): a decorator's cost, paid by every layer at every step, is not negligible there."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return fn(*args, **kwargs)
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def prefill_bytes_per_token(config, dtype_bytes: int) -> int:
@@ -95,14 +117,30 @@ class SinkRotation:
 
 
 @dataclass
+class _Eviction:
+    """A decode step's choice at a full layer (``KVCache._evict``): made once, reused by every layer when the policy
+    is decided by positions alone. key: (tokens seen, slots) when it was made; moved, offsets, tables: in a rotated
+    cache, the keys that come a position closer, their new offsets and RoPE's tables for them (None: placed from
+    the ranks instead)."""
+
+    key: tuple[int, int]
+    victim: Tensor
+    moved: tuple[Tensor, ...] | None = None
+    offsets: Tensor | None = None
+    tables: tuple[Tensor, Tensor] | None = None
+
+
+@dataclass
 class AttentionView:
     """Everything one layer attends with, as the cache and its policy decide (``KVCache.update``).
 
-    keys, values:   [B, H_kv, S, d] every cached slot of the layer, keys *not* rotated;
+    keys, values:   [B, H_kv, S, d] every cached slot of the layer; keys *not* rotated, or, in a cache
+                    made with ``rope_theta``, already rotated so that a query rotated at its original
+                    position sees each key at the policy's distance ``q_rope - k_rope``;
     positions:      [B, H_kv, S] the original position of each slot;
     q_rope, k_rope: the positions RoPE rotates the queries ([B, T]) and keys ([B, H_kv, S]) by,
                     under the policy's position rule (GPT-2, whose positions enter at the input,
-                    ignores them);
+                    ignores them); computed when first read (a rotated cache's keys need none);
     sink_rotation:  None, or how pinned sinks are scored in a chunk of the exact evaluator;
     mask:           [B, H_kv, T, S] bool, True where a query may attend; None: every query sees every slot;
     weight_rows:    how many of the last queries' attention weights the policy wants back (``observe``).
@@ -111,15 +149,32 @@ class AttentionView:
     keys: Tensor
     values: Tensor
     positions: Tensor
-    q_rope: Tensor
-    k_rope: Tensor
-    sink_rotation: SinkRotation | None
     mask: Tensor | None
     weight_rows: int
+    n_queries: int
+    rope_positions: Callable[[], tuple[Tensor, Tensor, SinkRotation | None]] = field(repr=False)
+    _rope: tuple[Tensor, Tensor, SinkRotation | None] | None = field(default=None, repr=False)
+
+    def _positions(self) -> tuple[Tensor, Tensor, SinkRotation | None]:
+        if self._rope is None:
+            self._rope = self.rope_positions()
+        return self._rope
+
+    @property
+    def q_rope(self) -> Tensor:
+        return self._positions()[0]
+
+    @property
+    def k_rope(self) -> Tensor:
+        return self._positions()[1]
+
+    @property
+    def sink_rotation(self) -> SinkRotation | None:
+        return self._positions()[2]
 
     def rows(self, want_weights: bool) -> int:
         """Rows of attention weights to compute: all queries' if the caller wants them, else the policy's."""
-        return self.q_rope.shape[-1] if want_weights else self.weight_rows
+        return self.n_queries if want_weights else self.weight_rows
 
 
 @dataclass
@@ -137,6 +192,13 @@ class LayerCache:
     length: int = 0
     stats: dict[str, Tensor] = field(default_factory=dict)  # name -> [B, H_kv, capacity]
     max_capacity: int | None = None  # doubling stops here (a budgeted cache: budget + 1), unless more are needed
+    # Only in a cache that re-rotates keys (``rope_theta`` and positions inside the cache): each key as it arrived,
+    # and how far (in positions) the key in ``keys`` is rotated beyond it. They move with their slot.
+    originals: Tensor | None = None  # [B, H_kv, capacity, d]
+    offsets: Tensor | None = None  # [B, H_kv, capacity] long
+    # False after slots were gathered from outside the cache's own updates: the layer then makes its own eviction
+    # choices (never one shared with other layers), and a rotated cache places its keys afresh at the next update.
+    placed: bool = True
 
     @property
     def capacity(self) -> int:
@@ -170,8 +232,10 @@ class LayerCache:
         self.keys, self.values = grow(self.keys, 0.0), grow(self.values, 0.0)
         self.positions = grow(self.positions, -1)
         self.stats = {k: grow(v, 0.0) for k, v in self.stats.items()}
+        if self.originals is not None:
+            self.originals, self.offsets = grow(self.originals, 0.0), grow(self.offsets, 0)
 
-    @torch.no_grad()
+    @_no_grad
     def append(self, k: Tensor, v: Tensor, pos: Tensor) -> None:
         """Write T new tokens after the last slot. k, v: [B, H_kv, T, d]; pos: [B, T]."""
         t = k.shape[2]
@@ -182,22 +246,29 @@ class LayerCache:
         self.positions[:, :, sl] = pos[:, None, :]
         for s in self.stats.values():
             s[:, :, sl] = 0.0
+        if self.originals is not None:
+            self.originals[:, :, sl] = k
+            self.offsets[:, :, sl] = 0
         self.length += t
 
-    @torch.no_grad()
+    @_no_grad
     def overwrite(self, slot: Tensor, k: Tensor, v: Tensor, pos: Tensor) -> None:
         """Write one new token into the given slot of every (batch, head), evicting its occupant.
 
         slot: [B, H_kv] long; k, v: [B, H_kv, 1, d]; pos: [B, 1].
         """
-        idx = slot[:, :, None, None].expand(-1, -1, 1, k.shape[-1])
+        one = slot[:, :, None]  # [B, H_kv, 1]
+        idx = one[..., None].expand(-1, -1, 1, k.shape[-1])
         self.keys.scatter_(2, idx, k)
         self.values.scatter_(2, idx, v)
-        self.positions.scatter_(2, slot[:, :, None], pos[:, None, :].expand(-1, slot.shape[1], -1))
+        self.positions.scatter_(2, one, pos[:, None, :].expand(-1, slot.shape[1], -1))
         for s in self.stats.values():
-            s.scatter_(2, slot[:, :, None], 0.0)
+            s.scatter_(2, one, 0.0)
+        if self.originals is not None:
+            self.originals.scatter_(2, idx, k)
+            self.offsets.scatter_(2, one, 0)
 
-    @torch.no_grad()
+    @_no_grad
     def gather(self, index: Tensor) -> None:
         """Keep only the slots in ``index`` ([B, H_kv, K] long), in that order, in place."""
         k = index.shape[-1]
@@ -207,8 +278,21 @@ class LayerCache:
         self.positions[:, :, :k] = self.positions[:, :, : self.length].gather(2, index)
         for s in self.stats.values():
             s[:, :, :k] = s[:, :, : self.length].gather(2, index)
+        if self.originals is not None:
+            self.originals[:, :, :k] = self.originals[:, :, : self.length].gather(2, idx)
+            self.offsets[:, :, :k] = self.offsets[:, :, : self.length].gather(2, index)
         self.positions[:, :, k:] = -1
         self.length = k
+        self.placed = False  # (the kept keys have new ranks)
+
+    @_no_grad
+    def select_rows(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` ([B'] long), in that order (beam search reorders its beams so)."""
+        self.keys, self.values = self.keys.index_select(0, index), self.values.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+        self.stats = {k: v.index_select(0, index) for k, v in self.stats.items()}
+        if self.originals is not None:
+            self.originals, self.offsets = self.originals.index_select(0, index), self.offsets.index_select(0, index)
 
 
 class KVCache:
@@ -225,6 +309,22 @@ class KVCache:
     * ``"stream"``: a chunk of a stream, as the exact evaluator runs it. For policies decided by
       positions alone, each token sees exactly the keys the token-by-token decode loop would have
       cached when it was decoded.
+
+    ``rope_theta`` says how keys arrive:
+
+    * ``None`` (default): as the model computed them, not rotated; the readable Llama rotates every
+      cached key at every step with the positions the view gives (GPT-2 has no rotation at all);
+    * a RoPE base: already rotated at their original positions, as transformers caches them
+      (``course.transformers_cache``) and as the course's Llama does on its fast path. The cache then
+      keeps every key rotated where the policy's position rule puts it (see ``_place``): nothing moves
+      under original positions; under positions inside the cache only the keys whose distance to the
+      query changes are rotated again (StreamingLLM: the sinks), each from the key as it arrived, by its
+      whole offset, in float32, so that no rounding adds up however long the stream. Those caches keep
+      the arrived keys beside the rotated ones (``LayerCache.originals``): their keys take twice the memory.
+
+    ``start`` ([B] long, or None): the column at which each row's stream begins, in a batch of prompts padded
+    on the left (``course.transformers_cache``). Padding is stored in slots at position -1, which no query
+    sees (the caller masks them), no policy keeps (they are always the first to go) and no rule counts.
     """
 
     def __init__(
@@ -240,6 +340,7 @@ class KVCache:
         capacity: int = 64,
         chunks: Chunks = "prompt",
         max_tokens: int | None = None,
+        rope_theta: float | None = None,
     ) -> None:
         if min(n_layers, batch, kv_heads, head_dim) < 1:
             raise ValueError(
@@ -248,6 +349,8 @@ class KVCache:
             )
         if chunks not in ("prompt", "stream"):
             raise ValueError(f"chunks must be 'prompt' or 'stream', got {chunks!r}")
+        if rope_theta is not None and chunks == "stream":
+            raise ValueError("chunks='stream' (the exact evaluator) needs keys cached before rotation: rope_theta=None")
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
                                        or max_tokens < 1):
             raise ValueError(f"max_tokens must be an integer >= 1 (or None), got {max_tokens!r}")
@@ -266,24 +369,33 @@ class KVCache:
             capacity = min(capacity, limit)
         self.shape = (n_layers, batch, kv_heads, head_dim)
         self.dtype = dtype
+        self.rope_theta = rope_theta
+        moves = rope_theta is not None and self.policy.position_rule == "cache"  # keys are rotated again
         self.layers = [
             LayerCache(
                 keys=_storage((batch, kv_heads, capacity, head_dim), 0.0, dtype, device),
                 values=_storage((batch, kv_heads, capacity, head_dim), 0.0, dtype, device),
                 positions=_storage((batch, kv_heads, capacity), -1, torch.long, device),
                 max_capacity=limit,
+                originals=_storage((batch, kv_heads, capacity, head_dim), 0.0, dtype, device) if moves else None,
+                offsets=_storage((batch, kv_heads, capacity), 0, torch.long, device) if moves else None,
             )
             for _ in range(n_layers)
         ]
         self.seen = 0
+        self.start: Tensor | None = None  # [B] where each row's stream begins (a left-padded batch), or None
+        self._tables: tuple | None = None  # rotate's RoPE tables of the current forward
+        self._step: _Eviction | None = None  # the current decode step's eviction (see _evict)
         self._weight_rows: dict[int, int] = {}  # what the policy asked for in the last update, per layer
         self._settled = [0] * n_layers  # quantized store: the position where each layer's next key group starts
 
     # ----------------------------------------------------------------------------- the layer's two calls
-    def update(self, layer_idx: int, k: Tensor, v: Tensor, pos: Tensor) -> AttentionView:
+    def update(self, layer_idx: int, k: Tensor, v: Tensor, pos: Tensor, mask: bool = True) -> AttentionView:
         """Store the new tokens' K/V and return everything the layer attends with.
 
-        k, v: [B, H_kv, T, d] (keys not yet rotated); pos: [B, T] original positions.
+        k, v: [B, H_kv, T, d] (keys not yet rotated, or rotated at ``pos`` in a cache made with ``rope_theta``);
+        pos: [B, T] original positions (-1: padding). ``mask=False``: the caller masks attention itself
+        (transformers does), so the view's mask is not built.
 
         A single new token (decode) that finds the cache at its budget takes the slot of the
         policy's victim, so the token attends to exactly ``budget`` keys, its own included.
@@ -303,15 +415,41 @@ class KVCache:
             self._settled[layer_idx] = self.quantizer.settle(layer, self._settled[layer_idx], first)
         budget = self.policy.budget
         if k.shape[2] == 1 and budget is not None and layer.length >= budget:
-            victim = self.policy.scores(layer, self.seen).argmin(dim=-1)  # [B, H_kv]
-            layer.overwrite(victim, k, v, pos)
+            self._evict(layer, k, v, pos)
         else:
             layer.append(k, v, pos)
+            if layer.originals is not None and not layer.placed:  # (appended tokens move no key)
+                self._place(layer, self._offsets_now(layer, pos))
         keys, values, k_pos = layer.live()
-        q_rope, k_rope, sinks = self._rope_positions(k_pos, pos)
         self._weight_rows[layer_idx] = self.policy.attention_rows(k.shape[2])
-        return AttentionView(keys, values, k_pos, q_rope, k_rope, sinks, self._attention_mask(k_pos, pos),
-                             self._weight_rows[layer_idx])
+        return AttentionView(keys, values, k_pos, self._attention_mask(k_pos, pos) if mask else None,
+                             self._weight_rows[layer_idx], k.shape[2], lambda: self._rope_positions(k_pos, pos))
+
+    def _evict(self, layer: LayerCache, k: Tensor, v: Tensor, pos: Tensor) -> None:
+        """One new token at a full layer: it takes the slot of the policy's victim. In a rotated cache, every key
+        older than the evicted one comes a position closer to the query (see ``_place``).
+
+        A policy decided by positions alone (``is_static``) keeps the same slots in every layer, so its choice (the
+        victim, the keys that move and their rotation) is made once per step, in the first layer, and reused."""
+        shared = self._step if self.policy.is_static and layer.placed else None
+        if shared is None or shared.key != (self.seen, layer.length):
+            victim = self._scores(layer).argmin(dim=-1)  # [B, H_kv]
+            shared = _Eviction((self.seen, layer.length), victim)
+            if layer.originals is not None and layer.placed and type(self.policy).cache_ranks is Policy.cache_ranks:
+                k_pos = layer.positions[:, :, : layer.length]
+                older = k_pos < k_pos.gather(2, victim[:, :, None])
+                shared.moved = (older & (k_pos >= 0) if self.start is not None else older).nonzero(as_tuple=True)
+                shared.offsets = layer.offsets[:, :, : layer.length][shared.moved] + 1
+                shared.tables = self._tables_of(shared.offsets, layer.keys)
+            if self.policy.is_static and layer.placed:
+                self._step = shared
+        layer.overwrite(shared.victim, k, v, pos)
+        if layer.originals is None:
+            return
+        if shared.moved is None:  # ranks of the policy's own, or slots gathered since: every key placed afresh
+            self._place(layer, self._offsets_now(layer, pos))
+        else:
+            self._rotate(layer, shared.moved, shared.offsets, shared.tables)
 
     def observe(self, layer_idx: int, weights: Tensor | None) -> None:
         """Hand a layer's attention weights ([B, H, rows, S], the last query rows) back to the policy.
@@ -319,7 +457,7 @@ class KVCache:
         Only the last ``AttentionView.weight_rows`` rows reach it; policies that read no weights get nothing."""
         rows = self._weight_rows.pop(layer_idx, 0) if weights is not None else 0
         if rows:
-            self.policy.observe(self.layers[layer_idx], weights[:, :, weights.shape[2] - rows :], self.seen)
+            self.policy.observe(self.layers[layer_idx], weights[:, :, weights.shape[2] - rows :], self.row_seen)
 
     def advance(self, n_tokens: int) -> None:
         """Called by the model once all layers have processed ``n_tokens`` new tokens."""
@@ -332,9 +470,93 @@ class KVCache:
             return
         for layer in self.layers:
             if layer.length > budget:
-                scores = self.policy.scores(layer, self.seen)
-                keep = scores.topk(budget, dim=-1).indices.sort(dim=-1).values
+                keep = self._scores(layer).topk(budget, dim=-1).indices.sort(dim=-1).values
                 layer.gather(keep)
+                layer.placed = True
+                if layer.originals is not None:  # the kept keys' new ranks: each placed afresh
+                    self._place(layer, self._offsets_after(layer))
+
+    def select_rows(self, index: Tensor) -> None:
+        """Keep the batch rows ``index`` ([B'] long, repeats allowed), in that order, in every layer: beam search
+        reorders its beams so, and repeating a row gives several continuations of one prompt."""
+        for layer in self.layers:
+            layer.select_rows(index)
+        if self.start is not None:
+            self.start = self.start.index_select(0, index)
+        self.shape = (self.shape[0], int(index.shape[0]), *self.shape[2:])
+
+    @property
+    def row_seen(self) -> int | Tensor:
+        """The tokens each row's stream has had: ``seen``, or in a left-padded batch ``seen`` less each row's
+        padding ([B, 1, 1], broadcasting over heads and slots). What a policy's ``scores`` and ``observe`` get."""
+        return self.seen if self.start is None else (self.seen - self.start)[:, None, None]
+
+    def _scores(self, layer: LayerCache) -> Tensor:
+        """The policy's keep-priorities of a layer's slots, padding (position -1) always the lowest."""
+        scores = self.policy.scores(layer, self.row_seen)
+        if self.start is not None:
+            scores = scores.masked_fill(layer.positions[:, :, : layer.length] < 0, -math.inf)
+        return scores
+
+    # ----------------------------------------------------------------------------- rotated caches
+    def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
+        """``rope(x, pos, rope_theta)`` for the model's fast path. Every layer of a forward rotates its queries and
+        keys at the same positions, so the cos/sin tables are computed once per forward (kept while ``pos`` is the
+        same tensor and the stream has not advanced)."""
+
+        memo = self._tables
+        if memo is None or memo[0] is not pos or memo[1] != self.seen or memo[2] != x.dtype:
+            memo = self._tables = (pos, self.seen, x.dtype, rope_tables(pos, self.rope_theta, x.shape[-1], x.dtype))
+        return rope(x, pos, self.rope_theta, memo[3])
+
+    # A rotated cache keeps every key rotated at ``k_rope + q_pos - q_rope`` (its own position under the policy's
+    # rule, plus the query's offset), so that a query rotated at its original position ``q_pos`` sees it at the
+    # policy's distance ``q_rope - k_rope`` (RoPE scores depend on distances only). That is ``offset`` positions
+    # beyond the key's original position: under positions inside the cache, the number of tokens evicted between
+    # the key and the query. The recent window of StreamingLLM therefore never moves, and its sinks move one
+    # position closer at every eviction. A key is rotated only when its offset changes, each time from its
+    # original (``layer.originals``) by its whole offset, in float32 (float64 for a float64 cache), then cast:
+    # never a rotation of a rotation, whose rounding would add up over the stream in half precision.
+
+    def _offsets_after(self, layer: LayerCache) -> Tensor:
+        """Every key's offset between forwards (the next query at rank S, after ``seen`` tokens): [B, H_kv, S]."""
+        k_pos = layer.live()[2]
+        return self.policy.cache_ranks(k_pos) + self.row_seen - layer.length - k_pos
+
+    def _offsets_now(self, layer: LayerCache, q_pos: Tensor) -> Tensor:
+        """Every key's offset for the queries at ``q_pos`` ([B, T]) now stored: ``k_rope + q_pos - q_rope``."""
+        k_pos = layer.live()[2]
+        q_rope, k_rope, _ = self._rope_positions(k_pos, q_pos)
+        return k_rope + (q_pos - q_rope)[:, -1:, None] - k_pos
+
+    @_no_grad
+    def _place(self, layer: LayerCache, offset: Tensor) -> None:
+        """Give every key of a layer the offset ``offset`` ([B, H_kv, S]); padding stays where it is."""
+        k_pos = layer.live()[2]
+        offset = torch.broadcast_to(offset, k_pos.shape).masked_fill(k_pos < 0, 0)
+        moved = (offset != layer.offsets[:, :, : layer.length]).nonzero(as_tuple=True)
+        wanted = offset[moved]
+        self._rotate(layer, moved, wanted, self._tables_of(wanted, layer.keys))
+        layer.placed = True
+
+    def _tables_of(self, offsets: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE's tables for rotating keys by ``offsets`` ([M]), in float32 at least (float64 stays)."""
+
+        return rope_tables(offsets[None, None], self.rope_theta, keys.shape[-1],
+                           torch.promote_types(keys.dtype, torch.float32))
+
+    @_no_grad
+    def _rotate(self, layer: LayerCache, slots: tuple[Tensor, ...], offsets: Tensor,
+                tables: tuple[Tensor, Tensor]) -> None:
+        """Rotate the keys at ``slots`` (indices into [B, H_kv, S]) to ``offsets`` ([M]) beyond their original
+        positions, from their originals, with ``tables = _tables_of(offsets)``."""
+
+        if slots[0].numel() == 0:
+            return
+        arrived = layer.originals[slots]  # [M, d] (slots index the storage as well as its live part)
+        placed = rope(arrived.to(tables[0].dtype)[None, None], offsets[None, None], self.rope_theta, tables)[0, 0]
+        layer.keys[slots] = placed.to(layer.keys.dtype)
+        layer.offsets[slots] = offsets
 
     # ----------------------------------------------------------------------------- what a layer attends with
     def rope_positions(self, layer_idx: int, q_pos: Tensor) -> tuple[Tensor, Tensor, SinkRotation | None]:
@@ -400,6 +622,9 @@ class KVCache:
             for name, value in (stats or {}).items():
                 layer.stat(name)[:] = value
         self.seen = seen
+        for layer in self.layers:
+            if layer.originals is not None:  # the keys count as arrived: placed where the policy puts them
+                self._place(layer, self._offsets_after(layer))
 
     @torch.no_grad()
     def rewind(self, seen: int) -> None:
@@ -439,8 +664,10 @@ class KVCache:
 
     @property
     def allocated_bytes(self) -> int:
-        """Bytes the preallocated key/value storage occupies (>= nbytes)."""
-        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
+        """Bytes the preallocated key/value storage occupies (>= nbytes), with the arrived keys a re-rotating
+        cache keeps beside its keys."""
+        return sum(layer.keys.nbytes + layer.values.nbytes + (0 if layer.originals is None else layer.originals.nbytes)
+                   for layer in self.layers)
 
     def positions(self, layer_idx: int = 0) -> Tensor:
         """Original positions cached in a layer: [B, H_kv, S]."""
@@ -473,13 +700,13 @@ class CacheGroup:
             raise ValueError("CacheGroup needs at least one cache")
         first = caches[0]
         for c in caches[1:]:
-            if c.shape != first.shape or c.dtype != first.dtype or c.seen != first.seen:
-                raise ValueError(f"the caches of a group must have one shape, dtype and stream position; got {first!r} "
-                                 f"and {c!r}")
+            if (c.shape, c.dtype, c.seen, c.rope_theta) != (first.shape, first.dtype, first.seen, first.rope_theta):
+                raise ValueError(f"the caches of a group must have one shape, dtype, stream position and key rotation; "
+                                 f"got {first!r} and {c!r}")
         if any(c.chunks != "prompt" for c in caches):
             raise ValueError("a CacheGroup shares a prompt forward: make its caches with chunks='prompt'")
         self.caches = caches
-        self.shape, self.dtype = first.shape, first.dtype
+        self.shape, self.dtype, self.rope_theta = first.shape, first.dtype, first.rope_theta
 
     @property
     def seen(self) -> int:
@@ -497,8 +724,11 @@ class CacheGroup:
             if not same:
                 raise ValueError("the caches of a group would attend differently (other slots or positions): a group "
                                  "can only share the forward of a prompt that starts every member alike")
-        return AttentionView(first.keys, first.values, first.positions, first.q_rope, first.k_rope, first.sink_rotation,
-                             first.mask, max(view.weight_rows for view in views))
+        return AttentionView(first.keys, first.values, first.positions, first.mask,
+                             max(view.weight_rows for view in views), first.n_queries, first.rope_positions)
+
+    def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
+        return self.caches[0].rotate(x, pos)
 
     def observe(self, layer_idx: int, weights: Tensor | None) -> None:
         """Every member takes the last rows its own policy asked for."""

@@ -119,8 +119,9 @@ class Policy:
         """Slots kept when a prompt is compressed (``KVCache.compress``)."""
         return self.budget
 
-    def scores(self, layer: LayerCache, seen: int) -> Tensor:
-        """Keep-priority of every cached slot: [B, H_kv, S] float; inf = never evict."""
+    def scores(self, layer: LayerCache, seen: int | Tensor) -> Tensor:
+        """Keep-priority of every cached slot: [B, H_kv, S] float; inf = never evict. ``seen``: the tokens the
+        stream has had (in a left-padded batch, each row's: a [B, 1, 1] tensor, ``KVCache.row_seen``)."""
         raise NotImplementedError
 
     def attention_rows(self, n_queries: int) -> int:
@@ -343,21 +344,32 @@ class SnapKV(Policy):
 
     def observe(self, layer: LayerCache, weights: Tensor, seen: int) -> None:
         pos = layer.positions[:, :, : layer.length]
-        if not bool((pos[..., 1:] > pos[..., :-1]).all()):
+        real = pos >= 0  # a left-padded batch keeps its padding at position -1, before the prompt (course.kvcache)
+        if not bool(((pos[..., 1:] > pos[..., :-1]) | ~real[..., :-1]).all()):
             raise RuntimeError("SnapKV compresses a prompt once, before any eviction; this cache was already evicted")
         votes = weights.float().sum(dim=2)  # [B, H, S]: attention from the window's queries
         n_prefix = votes.shape[-1] - weights.shape[2]
-        pooled = self.pool(votes[..., :n_prefix])
+        pooled = self.pool(votes[..., :n_prefix], None if bool(real.all()) else real[:, :1, :n_prefix])
         stat = layer.stat("snapkv")
         stat[..., :n_prefix] = group_mean(pooled, layer.keys.shape[1])
         stat[..., n_prefix:] = PROTECTED + pos[..., n_prefix:]  # the observation window itself is kept
 
-    def pool(self, votes: Tensor) -> Tensor:
-        """Pool votes over neighbouring positions: [B, H, S] -> [B, H, S] (stride 1, same size)."""
+    def pool(self, votes: Tensor, real: Tensor | None = None) -> Tensor:
+        """Pool votes over neighbouring positions: [B, H, S] -> [B, H, S] (stride 1, same size).
+
+        ``real`` ([B, 1, S] bool): in a left-padded batch, which slots hold tokens. Padding then counts as beyond
+        the prompt's edge, as if each row ran alone (its votes are zero, which max pooling ignores anyway)."""
         b, h, s = votes.shape
+        if s == 0:  # a prompt no longer than the observation window: nothing before it to pool
+            return votes
         x = votes.reshape(b * h, 1, s)
         pad = self.kernel // 2
-        if self.pooling == "avg":
+        if self.pooling == "avg" and real is not None:  # the sum over real neighbours / their number
+            r = real.expand(b, h, s).reshape(b * h, 1, 1, s).to(x.dtype)
+            total = F.avg_pool2d((x * r.view_as(x))[:, :, None], (1, self.kernel), stride=1, padding=(0, pad),
+                                 divisor_override=1)
+            y = total / F.avg_pool2d(r, (1, self.kernel), stride=1, padding=(0, pad), divisor_override=1)
+        elif self.pooling == "avg":
             y = F.avg_pool1d(x, self.kernel, stride=1, padding=pad, count_include_pad=False)
         else:
             y = F.max_pool1d(x, self.kernel, stride=1, padding=pad)

@@ -27,6 +27,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     _model_args(p)
     p.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes on a laptop CPU)")
     p.add_argument("--fast", action="store_true", help="with --notebooks: run them in FAST mode")
+    p.add_argument("--profile", action="store_true",
+                   help="with --transformers-cache: print a profile of one decode step of each decoder instead")
     p.add_argument("--competing", action="store_true",
                    help="with --notebooks or --threads: measure again next to one CPU-bound process")
     p.add_argument("--notebook-dir", default="notebooks", help="with --notebooks: folder of the notebooks to run")
@@ -51,6 +53,8 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
     """Flags that belong to another kind of benchmark: refused by name."""
     if args.fast and not args.notebooks:
         raise ValueError("--fast applies to --notebooks only")
+    if args.profile and not args.transformers_cache:
+        raise ValueError("--profile applies to --transformers-cache only")
     if args.only is not None and not args.notebooks:
         raise ValueError("--only applies to --notebooks only")
     if args.competing and not (args.notebooks or args.threads):
@@ -146,16 +150,21 @@ def _bench_transformers_cache(args: argparse.Namespace) -> dict:
     import shlex
     from pathlib import Path
 
-    from course.instructor.transformers_bench import (bench_transformers_cache, transformers_cache_table,
-                                                      write_transformers_cache_report)
+    from course.instructor.transformers_bench import (bench_transformers_cache, profile_decode,
+                                                      transformers_cache_table, write_transformers_cache_report)
     from course.models import resolve_device
 
     name = "smollm2-135m" if args.model == "auto" else args.model
-    sizes = dict(context=256, steps=4, reps=3) if args.quick else {}
-    result = bench_transformers_cache(name, str(resolve_device(args.device)), **sizes)
+    device = str(resolve_device(args.device))
+    if args.profile:
+        print(profile_decode(name, device, context=256 if args.quick else 1024))
+        return {}
+    sizes = dict(policy_contexts=(256, 1024), course_contexts=(256,), steps=2) if args.quick else {}
+    result = bench_transformers_cache(name, device, progress=not args.json, **sizes)
     command = shlex.join(["python", "-m", "course", "bench", "--transformers-cache"]
                          + (["--quick"] if args.quick else [])
-                         + ([] if args.model in ("auto", "smollm2-135m") else ["--model", args.model]))
+                         + ([] if args.model in ("auto", "smollm2-135m") else ["--model", args.model])
+                         + ([] if device == "cpu" else ["--device", device]))
     report = write_transformers_cache_report(result, Path(args.report or "docs/benchmarks.md"), command)
     if not args.json:
         print(transformers_cache_table(result, command))

@@ -24,16 +24,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["attend", "attention_weights", "reference_mode"]
+__all__ = ["attend", "attention_weights", "reference_mode", "reference_active"]
 
 
 _REFERENCE = False
 
 
+def reference_active() -> bool:
+    """Is ``reference_mode`` on?"""
+    return _REFERENCE
+
+
 @contextmanager
 def reference_mode() -> Iterator[None]:
     """Inside ``with reference_mode():`` every attention takes the explicit path (the equation
-    written out), never the fused kernel: the documented reference that the fast path must match."""
+    written out), never the fused kernel, and the caches made there keep Llama keys before rotation
+    (``CausalLM.new_cache``): the documented reference that the fast paths must match."""
     global _REFERENCE
     previous, _REFERENCE = _REFERENCE, True
     try:

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from course.kvcache import Chunks, KVCache, cache_bytes_per_token
+from course.models.attend import reference_active
 from course.policies import Policy
 
 __all__ = ["ModelConfig", "ModelOutput", "Block", "CausalLM"]
@@ -111,17 +112,25 @@ class CausalLM(nn.Module):
         return next(self.parameters()).dtype
 
     def new_cache(self, batch: int = 1, policy: Policy | None = None, chunks: Chunks = "prompt",
-                  max_tokens: int | None = None) -> KVCache:
+                  max_tokens: int | None = None, rotated: bool | None = None) -> KVCache:
         """An empty cache shaped for this model, managed by ``policy`` (default: keep everything).
 
         ``chunks``: what a forward of several tokens means, ``"prompt"`` (full attention, then
         ``compress``) or ``"stream"`` (the exact evaluator); see ``KVCache``. ``max_tokens``: the most
-        tokens that will be fed (sizes the first allocation exactly)."""
+        tokens that will be fed (sizes the first allocation exactly).
+        ``rotated`` (RoPE models): cache keys already rotated at their original positions, the fast path, where
+        only the keys the policy moves are rotated again (``KVCache``'s ``rope_theta``), instead of before
+        rotation, the readable path, where the model rotates every cached key at every step. The two give the same
+        scores (tests/test_models.py). Default: rotated, except for ``chunks="stream"`` and for caches made inside
+        ``course.models.attend.reference_mode()``."""
         if policy is not None:
             policy.check_model(self.config)
         c = self.config
+        if rotated is None:
+            rotated = chunks == "prompt" and not reference_active()
+        theta = c.rope_theta if rotated and c.reassigns_positions else None
         return KVCache(c.n_layer, batch, c.n_kv_head, c.head_dim, policy=policy, dtype=self.dtype, device=self.device,
-                       chunks=chunks, max_tokens=max_tokens)
+                       chunks=chunks, max_tokens=max_tokens, rope_theta=theta)
 
     @property
     def cache_bytes_per_token(self) -> int:
@@ -162,6 +171,9 @@ class CausalLM(nn.Module):
             if cache.dtype != self.dtype:
                 raise ValueError(f"cache dtype {cache.dtype} does not match the model's {self.dtype}: "
                                  "make the cache with model.new_cache(batch) after model.to(dtype)")
+            if cache.rope_theta is not None and (not c.reassigns_positions or cache.rope_theta != c.rope_theta):
+                raise ValueError(f"this cache takes keys rotated with RoPE base {cache.rope_theta}, which "
+                                 f"{c.name} does not give: make the cache with model.new_cache(batch)")
         if positions is None:  # the usual case: no host-device synchronisation needed
             start = cache.seen if cache is not None else 0
             return torch.arange(start, start + t, device=ids.device).expand(b, t), start + t - 1

@@ -8,24 +8,31 @@
 RoPE (Su et al. 2021) rotates each query and key by an angle proportional to its position,
 so the score q_i . k_j depends only on the distance i - j. Keys are cached *before* rotation
 and rotated at every step with the positions the cache's policy chooses: their original
-positions, or their slots 0..n-1 inside the cache (StreamingLLM). Grouped-query attention
-(GQA): H query heads share H_kv key/value heads.
+positions, or their slots 0..n-1 inside the cache (StreamingLLM). That is the readable path,
+and the reference. The fast path gives the same scores with less work: keys are cached rotated
+at their original positions (as transformers caches them), the query is rotated at its own, and
+the cache rotates again only the keys whose distance to the query its policy changes (the
+sinks, under StreamingLLM: ``course.kvcache.KVCache._place``). ``model.new_cache`` picks the
+fast path unless told otherwise (``rotated=False``, or inside ``reference_mode()``).
+Grouped-query attention (GQA): H query heads share H_kv key/value heads.
 
 Shapes: B batch, T new tokens, S cached slots, D model width, H / H_kv heads, d head width.
 """
 
 from __future__ import annotations
 
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from course.kvcache import KVCache, SinkRotation
+from course.rope import rope, rope_tables
 from course.models.attend import attend
 from course.models.base import Block, CausalLM, ModelConfig
 from course.models.family import Family, register
 
-__all__ = ["Llama", "RMSNorm", "rope", "rotate_half", "rope_theta", "config_from_hf", "weights_from_hf"]
+__all__ = ["Llama", "RMSNorm", "rope", "rope_tables", "rope_theta", "config_from_hf", "weights_from_hf"]
 
 
 class RMSNorm(nn.Module):
@@ -40,28 +47,6 @@ class RMSNorm(nn.Module):
         wide = x.to(torch.promote_types(x.dtype, torch.float32))  # at least float32 (as transformers); float64 stays
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * wide.to(x.dtype)
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """Rotate x by its positions. x: [B, heads, N, d]; positions: [B, N] or [B, heads, N].
-
-    Pair i of the d/2 pairs turns by angle  position * theta^(-2i/d):
-        rope(x, p) = x * cos(p w) + rotate_half(x) * sin(p w)
-    """
-    d = x.shape[-1]
-    dtype = torch.promote_types(x.dtype, torch.float32)  # float32 angles (as transformers), float64 for tests
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=dtype) / d))
-    if positions.dim() == 2:
-        positions = positions[:, None, :]
-    angles = positions[..., None].to(dtype) * inv_freq  # [B, 1 or heads, N, d/2]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # each pair's two halves share an angle
-    return x * torch.cat((cos, cos), dim=-1) + rotate_half(x) * torch.cat((sin, sin), dim=-1)
 
 
 class Attention(nn.Module):
@@ -92,13 +77,22 @@ class Attention(nn.Module):
             k_pos = pos[:, None, :].expand(b, hkv, t)
             q, k = rope(q, pos, theta), rope(k, pos, theta)
             y, w = attend(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0, sink_logit=self.sink_logit)
-        else:  # the cache hands back every slot (not rotated) and the positions its policy's rule gives
-            view = cache.update(self.layer_idx, k, v, pos)
+        else:
+            if cache.rope_theta is None:
+                # The readable path: the cache hands back every slot, not rotated, with the positions its policy's
+                # rule gives them, and every key is rotated here, at every step.
+                view = cache.update(self.layer_idx, k, v, pos)
+                qr, kr, scale = rope(q, view.q_rope, theta), rope(view.keys, view.k_rope, theta), None
+                if view.sink_rotation is not None:  # a stream chunk of the exact evaluator
+                    qr, kr, scale = _sink_block_rotation(q, qr, kr, view.sink_rotation, theta)
+            else:
+                # The fast path, the same scores: keys are cached rotated at their original positions and the query
+                # is rotated at its own (``cache.rotate`` is ``rope``, its tables computed once per forward); the
+                # cache keeps each key where the policy puts it relative to such a query, rotating again only the
+                # keys it moves.
+                view = cache.update(self.layer_idx, cache.rotate(k, pos), v, pos)
+                qr, kr, scale = cache.rotate(q, pos), view.keys, None
             k_pos = view.positions
-            qr, kr = rope(q, view.q_rope, theta), rope(view.keys, view.k_rope, theta)
-            scale = None
-            if view.sink_rotation is not None:
-                qr, kr, scale = _sink_block_rotation(q, qr, kr, view.sink_rotation, theta)
             y, w = attend(qr, kr, view.values, view.mask, scale=scale, weight_rows=view.rows(want_weights),
                           sink_logit=self.sink_logit)
             cache.observe(self.layer_idx, w)  # H2O and SnapKV read the weights they asked for

@@ -67,6 +67,7 @@ def test_the_fast_budget_verdict_names_what_is_over():
     (["--fast"], "--fast applies to --notebooks only"),
     (["--competing"], "--competing applies to --notebooks or --threads only"),
     (["--threads", "--report", "x.md", "--fast"], "--fast applies to --notebooks only"),
+    (["--profile"], "--profile applies to --transformers-cache only"),
 ])
 def test_flags_of_another_benchmark_are_refused_by_name(args, message, capsys):
     assert main(["bench", *args]) == 2

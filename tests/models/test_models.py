@@ -271,6 +271,30 @@ def test_fast_path_equals_reference_path(family):
         assert torch.allclose(runs[0], runs[1], atol=1e-10), policy
 
 
+@pytest.mark.parametrize("name,kw", [("full", {}), ("streaming", {}), ("streaming", {"positions": "original"}),
+                                     ("h2o", {"sinks": 2, "positions": "cache"}), ("h2o-mean", {}),
+                                     ("snapkv", {"positions": "cache"}), ("random", {"positions": "cache"})])
+def test_rotated_cache_equals_the_readable_path(name, kw):
+    """The Llama's fast path (keys cached rotated at their original positions, only the keys the policy moves
+    rotated again, from their originals) gives the readable path's logits (keys cached before rotation, every key
+    rotated at every step), for every position rule, through a prompt longer than the budget and 40 decode steps."""
+    from course.policies import make_policy
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, 97, (2, 52), generator=torch.Generator().manual_seed(1))
+    runs = []
+    for rotated in (True, False):
+        cache = model.new_cache(2, make_policy(name, 8, model=model, **kw), rotated=rotated)
+        assert (cache.rope_theta is not None) == rotated
+        with torch.no_grad():
+            logits = [model(ids[:, :12], cache=cache).logits[:, -1:]]
+            cache.compress()  # (as compress_prompt does)
+            logits += [model(ids[:, t : t + 1], cache=cache).logits for t in range(12, 52)]
+        runs.append((torch.cat(logits, 1), cache.positions(0)))
+    assert torch.equal(runs[0][1], runs[1][1])  # the same slots kept
+    assert torch.allclose(runs[0][0], runs[1][0], atol=1e-10, rtol=0)
+
+
 def vars_of(policy) -> dict:
     from course.policies import H2O, StreamingLLM
 
