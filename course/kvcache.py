@@ -359,6 +359,11 @@ class KVCache:
         self.quantizer = self.policy.quantizer
         if self.quantizer is not None:
             self.quantizer.check_head_dim(head_dim)
+            if rope_theta is not None:
+                raise ValueError("a quantized store rounds keys as they arrive, before the rotary embedding: it needs "
+                                 "a cache made with rope_theta=None (the course's models: new_cache(rotated=False), "
+                                 "their default for a quantized policy); transformers' PolicyCache caches rotated keys "
+                                 "and cannot hold one")
         # Allocate for min(budget, tokens that can exist): a budgeted cache starts at most at
         # ``capacity`` slots (or ``max_tokens``, the most the caller will feed) and doubles up to
         # budget + 1, so a budget far above the stream's length costs no memory.

@@ -121,13 +121,14 @@ class CausalLM(nn.Module):
         ``rotated`` (RoPE models): cache keys already rotated at their original positions, the fast path, where
         only the keys the policy moves are rotated again (``KVCache``'s ``rope_theta``), instead of before
         rotation, the readable path, where the model rotates every cached key at every step. The two give the same
-        scores (tests/test_models.py). Default: rotated, except for ``chunks="stream"`` and for caches made inside
+        scores (tests/test_models.py). Default: rotated, except for ``chunks="stream"``, for a policy with a quantized
+        store (its keys are rounded before rotation) and for caches made inside
         ``course.models.attend.reference_mode()``."""
         if policy is not None:
             policy.check_model(self.config)
         c = self.config
-        if rotated is None:
-            rotated = chunks == "prompt" and not reference_active()
+        if rotated is None:  # a quantized store rounds keys before rotation (course.quantize)
+            rotated = chunks == "prompt" and not reference_active() and getattr(policy, "quantizer", None) is None
         theta = c.rope_theta if rotated and c.reassigns_positions else None
         return KVCache(c.n_layer, batch, c.n_kv_head, c.head_dim, policy=policy, dtype=self.dtype, device=self.device,
                        chunks=chunks, max_tokens=max_tokens, rope_theta=theta)

@@ -35,9 +35,10 @@ def test_bad_settings_are_refused_by_name(change, message):
 
 
 def _stream(model, policy, n: int = 40, seed: int = 0):
-    """Decode n random tokens one by one through a cache made for ``policy``: the cache."""
+    """Decode n random tokens one by one through a cache made for ``policy``, keys cached before rotation (as a
+    quantized store holds them): the cache."""
     ids = torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
-    cache = model.new_cache(1, policy)
+    cache = model.new_cache(1, policy, rotated=False)
     with torch.inference_mode():
         for t in range(n):
             model(ids[:, t : t + 1], cache=cache)
@@ -151,3 +152,13 @@ def test_a_bad_group_is_refused_by_the_cache():
     model = tiny_model("llama")
     with pytest.raises(ValueError, match="group must divide the head dimension 8"):
         model.new_cache(1, make_policy("full", quantizer=KIVI(group=3)))
+
+
+def test_a_quantized_store_takes_keys_before_rotation():
+    """The course's model caches unrotated keys for a quantized policy by default, and a cache of rotated keys
+    (transformers' PolicyCache, or rotated=True) refuses the store in one line."""
+    model = tiny_model("llama")
+    policy = make_policy("streaming", 16, model=model, quantizer=KIVI(bits=4, group=4))
+    assert model.new_cache(1, policy).rope_theta is None
+    with pytest.raises(ValueError, match="rounds keys as they arrive, before the rotary embedding"):
+        model.new_cache(1, policy, rotated=True)
