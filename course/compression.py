@@ -32,7 +32,9 @@ def compress_prompts(model: CausalLM, prompt: Tensor, policies: Sequence[Policy 
         raise ValueError("policies is empty: give at least one policy (None is the full cache)")
     prompt = prompt.to(model.device)
     model.config.check_tokens(prompt.shape[1], "the prompt")
-    caches = [model.new_cache(prompt.shape[0], policy, chunks="prompt") for policy in policies]
+    # one forward feeds every cache: all take keys before rotation if one holds a quantized store (course.quantize)
+    rotated = False if any(getattr(policy, "quantizer", None) is not None for policy in policies) else None
+    caches = [model.new_cache(prompt.shape[0], policy, chunks="prompt", rotated=rotated) for policy in policies]
     shared = caches[0] if len(caches) == 1 else CacheGroup(caches)  # one policy needs no group
     logits = model(prompt, cache=shared, logits_to_keep=logits_to_keep).logits
     for cache in caches:

@@ -162,3 +162,20 @@ def test_a_quantized_store_takes_keys_before_rotation():
     assert model.new_cache(1, policy).rope_theta is None
     with pytest.raises(ValueError, match="rounds keys as they arrive, before the rotary embedding"):
         model.new_cache(1, policy, rotated=True)
+
+
+def test_one_prompt_forward_serves_quantized_and_plain_caches():
+    """A comparison that mixes stores (notebook 08's passkey) runs the prompt once for all: each cache then decodes
+    as it would alone."""
+    from course.compression import compress_prompt, compress_prompts
+
+    model = tiny_model("llama")
+    prompt = torch.randint(0, 53, (1, 30), generator=torch.Generator().manual_seed(2))
+    quantized = lambda: make_policy("full", quantizer=KIVI(bits=2, group=4, residual=4))  # noqa: E731
+    caches, _ = compress_prompts(model, prompt, [make_policy("streaming", 12, model=model), quantized()])
+    alone, _ = compress_prompt(model, prompt, quantized())
+    nxt = torch.tensor([[5]])
+    with torch.inference_mode():
+        together, by_itself = model(nxt, cache=caches[1]).logits, model(nxt, cache=alone).logits
+    assert torch.allclose(together, by_itself, atol=1e-12)
+    assert caches[0].n_slots == 12 and caches[1].n_slots == 31
