@@ -216,16 +216,28 @@ class KIVI:
 @dataclass(frozen=True)
 class RoundingFunction(KIVI):
     """KIVI's store with its rounding done by a function (notebook 08's build):
-    ``fn(keys, values, positions, done, next_position, bits, group, residual) -> done`` rounds, in place, the key
-    groups that left the residual and returns where the next group starts (``KIVI.round_groups``' contract)."""
+    ``fn(keys, values, positions, done, next_position, bits, group, residual) -> (keys, values, done)`` returns one
+    layer's keys and values [B, H_kv, S, d] with the key groups that left the residual rounded, and where the next
+    group starts (``KIVI.round_groups``' work, given back rather than written in place, so that it can come from
+    another process: the grader's). The store writes them into the cache."""
 
-    fn: Callable[..., int] | None = None
+    fn: Callable[..., tuple] | None = None
 
     def round_groups(self, keys: Tensor, values: Tensor, positions: Tensor, done: int, next_position: int) -> int:
-        settled = self.fn(keys, values, positions, done, next_position, self.bits, self.group, self.residual)
+        out = self.fn(keys.clone(), values.clone(), positions.clone(), done, next_position, self.bits, self.group,
+                      self.residual)
+        if not (isinstance(out, tuple) and len(out) == 3):
+            raise ValueError(f"the rounding function must return (keys, values, done), got {type(out).__name__}")
+        new_keys, new_values, settled = out
         if isinstance(settled, bool) or not isinstance(settled, int) or not done <= settled <= max(done, next_position):
             raise ValueError(f"the rounding function must return where the next key group starts, an integer from "
                              f"done={done} to at most next_position={next_position}; got {settled!r}")
+        for name, new, old in (("keys", new_keys, keys), ("values", new_values, values)):
+            if tuple(getattr(new, "shape", ())) != tuple(old.shape):
+                raise ValueError(f"the rounding function must return {name} of the shape it was given, "
+                                 f"{list(old.shape)}; got {list(getattr(new, 'shape', []))}")
+        keys.copy_(new_keys)
+        values.copy_(new_values)
         return settled
 
 

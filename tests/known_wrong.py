@@ -197,7 +197,8 @@ def _variant(impl, **switches):
 
 
 def kivi_settle(keys: Tensor, values: Tensor, positions: Tensor, done: int, next_position: int, bits: int, group: int,
-                residual: int, key_axis: str = "channel", early: int = 0, use_residual: bool = True) -> int:
+                residual: int, key_axis: str = "channel", early: int = 0,
+                use_residual: bool = True) -> tuple[Tensor, Tensor, int]:
     """Notebook 08's build and its typical mistakes: keys rounded per token (``key_axis="token"``); a group rounded
     ``early`` tokens before it leaves the residual (negative: after); the residual ignored."""
     levels = 2**bits - 1
@@ -223,7 +224,7 @@ def kivi_settle(keys: Tensor, values: Tensor, positions: Tensor, done: int, next
         keys.copy_(torch.where(inside, rounded, keys))
         values.copy_(torch.where(inside, per_token(values), values))
         done += group
-    return done
+    return keys, values, done
 
 
 # exercise id -> (the build with its switches, [(switches, a fragment of the feedback it must get)])

@@ -20,35 +20,43 @@ def _round_with_course(x: Tensor, bits: int, dim: int) -> Tensor:
     return fake_quantize(x, bits, dim)
 
 
-@exercise("08.round_trip", "Exercise 1 (b bits, asymmetric, one scale per group)", fallback=_round_with_course,
-          shortcuts=_QUANTIZE)
-def _check_round_trip(fn) -> None:
-    g = torch.Generator().manual_seed(8)
-    x = torch.randn(3, 16, 8, generator=g, dtype=torch.float64) * 3 + 1
-    for bits, dim in ((2, 1), (4, -1), (8, 1)):
-        got = fn(x.clone(), bits, dim)
-        want = fake_quantize(x, bits, dim)
-        if close(got, want, 1e-6):
+def _first_wrong(fn, x: Tensor, cases: tuple, want) -> tuple[Tensor, tuple] | None:
+    """The first case (the arguments after ``x``) in which ``fn(x, *case)`` differs from ``want(x, *case)``: its
+    result as a tensor and the case; None when every case is right. A result of another shape is refused here."""
+    for case in cases:
+        got = fn(x.clone(), *case)
+        if close(got, want(x, *case), 1e-6):
             continue
         got = torch.as_tensor(got)
         if got.shape != x.shape:
-            raise Wrong(f"return the dequantized numbers x' in x's shape {list(x.shape)}, got {list(got.shape)}")
-        levels = 2**bits - 1
-        span = x.amax(dim, keepdim=True) - x.amin(dim, keepdim=True)
-        if close(got, _rounded(x, x.amin(dim, keepdim=True), span / 2**bits, 2**bits), 1e-6):
-            raise Wrong(f"b bits give 2^b codes, 0 .. 2^b - 1: the step is (max - min) / (2^b - 1) = span / {levels}")
-        absmax = x.abs().amax(dim, keepdim=True)
-        if close(got, _rounded(x, -absmax, 2 * absmax / levels, levels), 1e-6):
-            raise Wrong("asymmetric quantization: the codes run from the slice's min to its max (zero point = min), "
-                        "not symmetric around 0")
-        if close(got, torch.floor((x - x.amin(dim, keepdim=True)) / (span / levels)) * (span / levels)
-                 + x.amin(dim, keepdim=True), 1e-6):
-            raise Wrong("round to the nearest code (torch.round), not down")
-        other = fake_quantize(x, bits, 0 if dim != 0 else 1)
-        if close(got, other, 1e-6):
-            raise Wrong(f"one scale per slice along dim={dim}: min and max are taken along that dimension")
-        raise Wrong(f"bits={bits}, dim={dim}: expected x' = round((x - min) / s) * s + min with s = (max - min) / "
-                    f"(2^b - 1), min and max along dim")
+            raise Wrong(f"return the rounded numbers in the input's shape {list(x.shape)}, got {list(got.shape)}")
+        return got, case
+    return None
+
+
+@exercise("08.round_trip", "Exercise 1 (b bits, asymmetric, one scale per group)", fallback=_round_with_course,
+          shortcuts=_QUANTIZE)
+def _check_round_trip(fn) -> None:
+    x = torch.randn(3, 16, 8, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 3 + 1
+    miss = _first_wrong(fn, x, ((2, 1), (4, -1), (8, 1)), fake_quantize)
+    if miss is None:
+        return
+    got, (bits, dim) = miss
+    levels = 2**bits - 1
+    low = x.amin(dim, keepdim=True)
+    span = x.amax(dim, keepdim=True) - low
+    if close(got, _rounded(x, low, span / 2**bits, 2**bits), 1e-6):
+        raise Wrong(f"b bits give 2^b codes, 0 .. 2^b - 1: the step is (max - min) / (2^b - 1) = span / {levels}")
+    absmax = x.abs().amax(dim, keepdim=True)
+    if close(got, _rounded(x, -absmax, 2 * absmax / levels, levels), 1e-6):
+        raise Wrong("asymmetric quantization: the codes run from the slice's min to its max (zero point = min), "
+                    "not symmetric around 0")
+    if close(got, torch.floor((x - low) / (span / levels)) * (span / levels) + low, 1e-6):
+        raise Wrong("round to the nearest code (torch.round), not down")
+    if close(got, fake_quantize(x, bits, 0 if dim != 0 else 1), 1e-6):
+        raise Wrong(f"one scale per slice along dim={dim}: min and max are taken along that dimension")
+    raise Wrong(f"bits={bits}, dim={dim}: expected x' = round((x - min) / s) * s + min with s = (max - min) / "
+                f"(2^b - 1), min and max along dim")
 
 
 def _rounded(x: Tensor, low: Tensor, step: Tensor, top: int) -> Tensor:
@@ -64,32 +72,27 @@ def _values_with_course(v: Tensor, bits: int, group: int) -> Tensor:
 @exercise("08.round_values", "Exercise 2 (values per token, over groups of channels)", fallback=_values_with_course,
           shortcuts=_QUANTIZE)
 def _check_round_values(fn) -> None:
-    g = torch.Generator().manual_seed(9)
-    v = torch.randn(2, 3, 5, 16, generator=g, dtype=torch.float64) * 2
+    v = torch.randn(2, 3, 5, 16, generator=torch.Generator().manual_seed(9), dtype=torch.float64) * 2
     v[..., 3] += 20  # one large channel: a slip that groups across tokens or channels shows
-    for bits, group in ((2, 4), (4, 8), (8, 16)):
-        got = fn(v.clone(), bits, group)
-        want = _values_with_course(v, bits, group)
-        if close(got, want, 1e-6):
-            continue
-        got = torch.as_tensor(got)
-        if got.shape != v.shape:
-            raise Wrong(f"return the rounded values in v's shape {list(v.shape)}, got {list(got.shape)}")
-        b, h, t, d = v.shape
-        if close(got, fake_quantize(v, bits, dim=-1), 1e-6):
-            raise Wrong(f"one scale per group of {group} channels, not per whole token: reshape the last dimension "
-                        f"into [d // group, group]")
-        if close(got, fake_quantize(v, bits, dim=2), 1e-6):
-            raise Wrong("values are rounded per token (scales along the channels), not per channel over the tokens")
-        raise Wrong(f"bits={bits}, group={group}: expected each token's channels in groups of {group}, each group "
-                    f"rounded with its own min and max")
+    miss = _first_wrong(fn, v, ((2, 4), (4, 8), (8, 16)), _values_with_course)
+    if miss is None:
+        return
+    got, (bits, group) = miss
+    if close(got, fake_quantize(v, bits, dim=-1), 1e-6):
+        raise Wrong(f"one scale per group of {group} channels, not per whole token: reshape the last dimension "
+                    f"into [d // group, group]")
+    if close(got, fake_quantize(v, bits, dim=2), 1e-6):
+        raise Wrong("values are rounded per token (scales along the channels), not per channel over the tokens")
+    raise Wrong(f"bits={bits}, group={group}: expected each token's channels in groups of {group}, each group "
+                f"rounded with its own min and max")
 
 
 # ----------------------------------------------------------------------------- build: KIVI in the real cache
 def _settle_with_course(keys: Tensor, values: Tensor, positions: Tensor, done: int, next_position: int, bits: int,
-                        group: int, residual: int) -> int:
+                        group: int, residual: int) -> tuple[Tensor, Tensor, int]:
     """AUTOFILL's build: the course's KIVI rounding (``KIVI.round_groups``)."""
-    return KIVI(bits=bits, group=group, residual=residual).round_groups(keys, values, positions, done, next_position)
+    settled = KIVI(bits=bits, group=group, residual=residual).round_groups(keys, values, positions, done, next_position)
+    return keys, values, settled
 
 
 SETTINGS = (  # (policy, budget, KIVI settings) the build runs under
@@ -125,7 +128,7 @@ def _check_kivi_settle(fn) -> None:
         try:
             got = _run(fn, model, ids, name, budget, settings)
         except ValueError as e:
-            if "must return where the next key group starts" in str(e):
+            if "the rounding function must return" in str(e):
                 raise Wrong(hint(2, str(e))) from None
             raise
         if _same(got, _run(KIVI(**settings), model, ids, name, budget, settings)):

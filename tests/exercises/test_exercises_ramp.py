@@ -164,7 +164,7 @@ WRONG_RAMP: dict[str, list[tuple[Callable, str]]] = {
     ],
     "08.round_trip": [
         (lambda x, bits, dim: x, "expected x' = round"),
-        (lambda x, bits, dim: x[0], "in x's shape"),
+        (lambda x, bits, dim: x[0], "in the input's shape"),
         (_symmetric_round_trip, "asymmetric quantization"),
         (_round_trip_2_to_the_b, "2^b codes"),
         (_round_trip_floor, "round to the nearest code"),

@@ -179,3 +179,27 @@ def test_one_prompt_forward_serves_quantized_and_plain_caches():
         together, by_itself = model(nxt, cache=caches[1]).logits, model(nxt, cache=alone).logits
     assert torch.allclose(together, by_itself, atol=1e-12)
     assert caches[0].n_slots == 12 and caches[1].n_slots == 31
+
+
+def test_a_rounding_function_gives_its_work_back_and_is_held_to_its_contract():
+    """The build's store (RoundingFunction) takes what the function returns, never what it changed in place (under
+    the grader the function runs in another process), and names a malformed return."""
+    from course.quantize import RoundingFunction
+
+    model = tiny_model("llama")
+    kivi = dict(bits=2, group=4, residual=6)
+
+    def rounds_in_place(keys, values, positions, done, next_position, bits, group, residual):
+        KIVI(bits=bits, group=group, residual=residual).round_groups(keys, values, positions, done, next_position)
+        return done  # the work is lost: only the returned value counts
+
+    def course(keys, values, positions, done, next_position, bits, group, residual):
+        settled = KIVI(bits=bits, group=group, residual=residual).round_groups(keys, values, positions, done,
+                                                                               next_position)
+        return keys, values, settled
+
+    with pytest.raises(ValueError, match=r"must return \(keys, values, done\)"):
+        _stream(model, make_policy("full", quantizer=RoundingFunction(fn=rounds_in_place, **kivi)))
+    ours = _stream(model, make_policy("full", quantizer=RoundingFunction(fn=course, **kivi))).layers[0].live()
+    theirs = _stream(model, make_policy("full", quantizer=KIVI(**kivi))).layers[0].live()
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
