@@ -217,9 +217,8 @@ def _check_outputs(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- site
 def _site_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--from", dest="source", action="append", default=None,
-                   help="folder of executed notebooks, one column of the table each (give it twice: the FAST and the "
-                        "full-size copies; default: ./outputs, written by run-course.sh --execute)")
+    p.add_argument("--from", dest="source", default="outputs",
+                   help="folder of executed notebooks (default: ./outputs, written by run-course.sh --execute)")
     p.add_argument("--out", default="site", help="folder for the pages (default: ./site)")
     p.add_argument("--root", default=".", help="the repository's folder: README.md, docs/ (default: .)")
     p.add_argument("--partial", action="store_true", help="build even when some notebooks were not executed")
