@@ -147,33 +147,25 @@ def _bench_grading(args: argparse.Namespace) -> dict:
 
 
 def _bench_transformers_cache(args: argparse.Namespace) -> dict:
-    import shlex
     from pathlib import Path
 
     from course.instructor.transformers_bench import (bench_transformers_cache, profile_decode,
                                                       transformers_cache_table, write_transformers_cache_report)
     from course.models import resolve_device
 
-    name = "smollm2-135m" if args.model == "auto" else args.model
+    name = _bench_model(args)
     device = str(resolve_device(args.device))
     if args.profile:
         print(profile_decode(name, device, context=256 if args.quick else 1024))
         return {}
     sizes = dict(policy_contexts=(256, 1024), course_contexts=(256,), steps=2) if args.quick else {}
     result = bench_transformers_cache(name, device, progress=not args.json, **sizes)
-    command = shlex.join(["python", "-m", "course", "bench", "--transformers-cache"]
-                         + (["--quick"] if args.quick else [])
-                         + ([] if args.model in ("auto", "smollm2-135m") else ["--model", args.model])
-                         + ([] if device == "cpu" else ["--device", device]))
+    command = _bench_command("--transformers-cache", args, device)
     report = write_transformers_cache_report(result, Path(args.report or "docs/benchmarks.md"), command)
-    if not args.json:
-        print(transformers_cache_table(result, command))
-        print(f"Saved: {report}")
-    return result | {"report": str(report)}
+    return _show(args, result, transformers_cache_table(result, command), report)
 
 
 def _bench_quantized_peer(args: argparse.Namespace) -> dict:
-    import shlex
     from pathlib import Path
 
     from course.instructor import require
@@ -182,13 +174,31 @@ def _bench_quantized_peer(args: argparse.Namespace) -> dict:
     from course.instructor.quantized_peer import quantized_peer, quantized_peer_table, write_quantized_peer_report
     from course.models import resolve_device
 
-    name = "smollm2-135m" if args.model == "auto" else args.model
-    result = quantized_peer(name, str(resolve_device(args.device)), **(dict(tokens=160) if args.quick else {}))
-    command = shlex.join(["python", "-m", "course", "bench", "--quantized-peer"] + (["--quick"] if args.quick else [])
-                         + ([] if args.model in ("auto", "smollm2-135m") else ["--model", args.model]))
+    result = quantized_peer(_bench_model(args), str(resolve_device(args.device)),
+                            **(dict(tokens=160) if args.quick else {}))
+    command = _bench_command("--quantized-peer", args)
     report = write_quantized_peer_report(result, Path(args.report or "docs/benchmarks.md"), command)
+    return _show(args, result, quantized_peer_table(result, command), report)
+
+
+def _bench_model(args: argparse.Namespace) -> str:
+    """The model a transformers benchmark runs: SmolLM2-135M unless one is named."""
+    return "smollm2-135m" if args.model == "auto" else args.model
+
+
+def _bench_command(flag: str, args: argparse.Namespace, device: str = "cpu") -> str:
+    """The command line that repeats a transformers benchmark, as its report quotes it."""
+    import shlex
+
+    return shlex.join(["python", "-m", "course", "bench", flag] + (["--quick"] if args.quick else [])
+                      + ([] if args.model in ("auto", "smollm2-135m") else ["--model", args.model])
+                      + ([] if device == "cpu" else ["--device", device]))
+
+
+def _show(args: argparse.Namespace, result: dict, table: str, report) -> dict:
+    """Print a benchmark's table and where it was saved (unless --json); the result with the report's path."""
     if not args.json:
-        print(quantized_peer_table(result, command))
+        print(table)
         print(f"Saved: {report}")
     return result | {"report": str(report)}
 
