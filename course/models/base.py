@@ -13,7 +13,7 @@ from course.kvcache import Chunks, KVCache, cache_bytes_per_token
 from course.models.attend import reference_active
 from course.policies import Policy
 
-__all__ = ["ModelConfig", "ModelOutput", "Block", "CausalLM"]
+__all__ = ["ModelConfig", "ModelOutput", "Block", "CausalLM", "OutputGate", "output_gate"]
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,15 @@ class ModelConfig:
     tie_embeddings: bool = True
     sink_logit: Literal["none", "learned", "zero"] = "none"  # a per-head logit of an empty slot
     qkv_bias: bool = False  # Llama only: biases on the query/key/value projections (as Qwen2)
+    output_gate: Literal["none", "elementwise"] = "none"  # gated attention (``OutputGate``)
     name: str = "model"
     random_weights: bool = False  # an untrained model: the course checks mechanics on it, not claims
+
+    def __post_init__(self) -> None:
+        if self.sink_logit not in ("none", "learned", "zero"):
+            raise ValueError(f"sink_logit must be 'none', 'learned' or 'zero', got {self.sink_logit!r}")
+        if self.output_gate not in ("none", "elementwise"):
+            raise ValueError(f"output_gate must be 'none' or 'elementwise', got {self.output_gate!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,6 +90,30 @@ class ModelOutput:
     logits: Tensor
     attentions: list[Tensor] | None = None
     key_positions: list[Tensor] | None = None
+
+
+def output_gate(y: Tensor, x: Tensor, proj: nn.Module) -> Tensor:
+    """Gated attention (Qiu et al. 2025, arXiv 2505.06708, position G1, elementwise and head-specific):
+
+        Y' = Y ⊙ σ(X W_θ + b)
+
+    y: [B, T, H·d] the heads' outputs, merged, before the output projection W_O; x: [B, T, D] the layer's input
+    after the pre-norm (the gate is computed from the query token); proj: the map D -> H·d (W_θ, b). Each of a
+    head's d output dimensions gets its own gate in (0, 1): a head can output ~0 without resting on a sink."""
+    return y * torch.sigmoid(proj(x))
+
+
+class OutputGate(nn.Module):
+    """The gate's parameters, W_θ [H·d, D] and b [H·d] (b = 0 at initialisation: every gate starts at 0.5)."""
+
+    def __init__(self, d_model: int, width: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, width)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, y: Tensor, x: Tensor) -> Tensor:
+        """y: [B, T, H·d], x: [B, T, D] -> [B, T, H·d] (``output_gate``)."""
+        return output_gate(y, x, self.proj)
 
 
 class Block(nn.Module):

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from course.kvcache import KVCache
 from course.models.attend import attend
-from course.models.base import Block, CausalLM, ModelConfig
+from course.models.base import Block, CausalLM, ModelConfig, OutputGate
 from course.models.family import Family, register
 
 __all__ = ["GPT2", "config_from_hf", "weights_from_hf"]
@@ -42,6 +42,8 @@ class Attention(nn.Module):
         # An optional per-head logit of an empty slot (see llama.py); the pretrained GPT-2 has none.
         self.sink_logit = nn.Parameter(torch.zeros(cfg.n_head), requires_grad=cfg.sink_logit == "learned") \
             if cfg.sink_logit != "none" else None
+        # Gated attention (optional): a sigmoid gate per output dimension, computed from x (``OutputGate``).
+        self.gate = OutputGate(cfg.d_model, cfg.d_model) if cfg.output_gate == "elementwise" else None
 
     def forward(
         self, x: Tensor, pos: Tensor, cache: KVCache | None, want_weights: bool
@@ -63,6 +65,8 @@ class Attention(nn.Module):
             cache.observe(self.layer_idx, w)  # H2O and SnapKV read the weights they asked for
             w = w if want_weights else None
         y = y.transpose(1, 2).reshape(b, t, h * d)
+        if self.gate is not None:
+            y = self.gate(y, x)  # Y' = Y ⊙ σ(X W_θ + b), before W_O
         return self.out(y), w, k_pos
 
 

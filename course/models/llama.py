@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from course.kvcache import KVCache, SinkRotation
 from course.rope import rope, rope_tables
 from course.models.attend import attend
-from course.models.base import Block, CausalLM, ModelConfig
+from course.models.base import Block, CausalLM, ModelConfig, OutputGate
 from course.models.family import Family, register
 
 __all__ = ["Llama", "RMSNorm", "rope", "rope_tables", "rope_theta", "config_from_hf", "weights_from_hf"]
@@ -62,6 +62,8 @@ class Attention(nn.Module):
         # models learn it; "zero" fixes it at 0, i.e. softmax-off-by-one).
         self.sink_logit = nn.Parameter(torch.zeros(h), requires_grad=cfg.sink_logit == "learned") \
             if cfg.sink_logit != "none" else None
+        # Gated attention (optional): a sigmoid gate per output dimension, computed from x (``OutputGate``).
+        self.gate = OutputGate(cfg.d_model, h * d) if cfg.output_gate == "elementwise" else None
 
     def forward(
         self, x: Tensor, pos: Tensor, cache: KVCache | None, want_weights: bool
@@ -98,6 +100,8 @@ class Attention(nn.Module):
             cache.observe(self.layer_idx, w)  # H2O and SnapKV read the weights they asked for
             w = w if want_weights else None
         y = y.transpose(1, 2).reshape(b, t, h * d)
+        if self.gate is not None:
+            y = self.gate(y, x)  # Y' = Y ⊙ σ(X W_θ + b), before W_O
         return self.o(y), w, k_pos
 
 
