@@ -22,7 +22,8 @@ from course.models.base import CausalLM
 from course.policies import Policy
 
 __all__ = ["attention_maps", "sink_mass", "key_mass", "punctuation_keys", "sink_heads_share", "top_k_mass",
-           "uniform_mass", "sink_kept", "residual_norms", "activation_peaks", "value_norms", "first_token_ablation"]
+           "uniform_mass", "sink_kept", "residual_norms", "activation_peaks", "value_norms", "first_token_ablation",
+           "gate_openness"]
 
 
 @torch.inference_mode()
@@ -213,3 +214,24 @@ def first_token_ablation(model: CausalLM, ids: Tensor, after: int = 16) -> dict[
         zero_value = ppl(next_token_nll(model(ids[:, :-1]).logits, targets))
     no_key = ppl(exact_stream(model, ids, _HideFirstKey(after), progress=False).nll)
     return {"normal": normal, "zero_value": zero_value, "no_key": no_key}
+
+
+@torch.inference_mode()
+def gate_openness(model: CausalLM, ids: Tensor, skip: int = 4) -> Tensor:
+    """How open each head's output gate is (gated attention, ``course.models.base.output_gate``): the mean of
+    σ(X W_θ + b) over the batch, the queries from ``skip`` on and the head's d dimensions, [layers, heads].
+
+    Qiu et al. (2025, Table 4) report a mean gate score of 0.116 for their elementwise gate: mostly closed."""
+    gates = [block.attn.gate for block in model.blocks]
+    if any(g is None for g in gates):
+        raise ValueError(f"{model.config.name} has no output gate (ModelConfig.output_gate = "
+                         f"{model.config.output_gate!r}): train or build it with output_gate='elementwise'")
+    seen: list[Tensor] = []
+    hooks = [g.proj.register_forward_hook(lambda module, args, out: seen.append(torch.sigmoid(out))) for g in gates]
+    try:
+        model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    h = model.config.n_head
+    return torch.stack([g[:, skip:].unflatten(-1, (h, -1)).mean(dim=(0, 1, 3)) for g in seen]).float().cpu()

@@ -51,9 +51,11 @@ def drive_layers(model, ids: Tensor, step, *settings) -> Tensor:
 
 def layer_parts(attn) -> SimpleNamespace:
     """What a student's layer may use of a GPT-2-family attention module ``attn`` (course.models.gpt2):
-    ``qkv`` (nn.Linear D -> 3D, W_Q, W_K, W_V side by side), ``out`` (nn.Linear D -> D), ``sink_logit`` [H] and
-    ``n_head``; not the module's own forward."""
-    return SimpleNamespace(qkv=attn.qkv, out=attn.out, sink_logit=attn.sink_logit, n_head=attn.cfg.n_head)
+    ``qkv`` (nn.Linear D -> 3D, W_Q, W_K, W_V side by side), ``out`` (nn.Linear D -> D), ``sink_logit`` [H] (None
+    without one), ``gate`` (nn.Linear D -> D, the output gate's W_θ and b; None without one) and ``n_head``; not the
+    module's own forward."""
+    gate = attn.gate.proj if attn.gate is not None else None
+    return SimpleNamespace(qkv=attn.qkv, out=attn.out, sink_logit=attn.sink_logit, gate=gate, n_head=attn.cfg.n_head)
 
 
 def best_voted(kept: Tensor, votes: Tensor, window: int) -> bool:

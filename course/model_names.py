@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["MODEL_NAMES", "check_model_name", "SEED_MAX", "DEVICE_PATTERN"]
+__all__ = ["MODEL_NAMES", "check_model_name", "SEED_MAX", "DEVICE_PATTERN", "VARIANTS"]
 
 SEED_MAX = 2**32 - 1  # seeds: what every generator (torch, numpy, random) accepts
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?|mps"  # a device name (whether it exists is checked when it is used)
 MODEL_NAMES = ("auto", "gpt2", "smollm2-135m", "gpt2-random")  # plus any supported Hugging Face checkpoint
+VARIANTS = ("vanilla", "sink-token", "sink-logit", "off-by-one", "gated")  # notebook 06's models (course.train)
 
 
 def check_model_name(name: object) -> str:

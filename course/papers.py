@@ -94,6 +94,10 @@ PAPERS: dict[str, Paper] = {p.key: p for p in [
     Paper("kvquant", "Coleman Hooper, Sehoon Kim, Hiva Mohammadzadeh, Michael W. Mahoney, Yakun Sophia Shao, "
           "Kurt Keutzer and Amir Gholami", 2024,
           "KVQuant: Towards 10 Million Context Length LLM Inference with KV Cache Quantization", arxiv="2401.18079"),
+    Paper("gated-attention", "Zihan Qiu, Zekun Wang, Bo Zheng, Zeyu Huang, Kaiyue Wen, Songlin Yang, Rui Men, Le Yu, "
+          "Fei Huang, Suozhi Huang, Dayiheng Liu, Jingren Zhou and Junyang Lin", 2025,
+          "Gated Attention for Large Language Models: Non-linearity, Sparsity, and Attention-Sink-Free",
+          arxiv="2505.06708"),
 ]}
 
 RESULTS: dict[str, PaperResult] = {r.key: r for r in [
@@ -170,6 +174,12 @@ RESULTS: dict[str, PaperResult] = {r.key: r for r in [
                 "DeepSeek-V2: MLA caches (d_c + d_h^R) numbers per token and layer, d_c = 512 (kv_lora_rank), "
                 "d_h^R = 64 (qk_rope_head_dim), 60 layers",
                 {"d_c": 512, "d_h^R": 64, "numbers per token and layer": 576}),
+    PaperResult("gated-attention.table4", "gated-attention", "Table 4 (F-Attn) and Figure 2",
+                "models pretrained from scratch with and without a gate after SDPA (Table 4's rows are Table 1's "
+                "15B mixture-of-experts models, 400B tokens): attention on the first token, averaged over layers "
+                "and heads, on the test-perplexity data",
+                {"baseline": 0.467, "elementwise gate": 0.048, "headwise gate": 0.073,
+                 "mean gate score, elementwise": 0.116}),
 ]}
 
 

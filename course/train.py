@@ -46,7 +46,7 @@ from torch import Tensor
 from course.assets import CacheUnusable, cache_dir, ensure_writable
 from course.claims import Rule
 from course.manifest import sha256_of, write_atomic
-from course.model_names import SEED_MAX
+from course.model_names import SEED_MAX, VARIANTS
 from course.models import build_model
 from course.models.base import CausalLM, ModelConfig
 from course.papers import value
@@ -64,7 +64,6 @@ __all__ = [
 ]
 
 Variant = Literal["vanilla", "sink-token", "sink-logit", "off-by-one", "gated"]
-VARIANTS = ("vanilla", "sink-token", "sink-logit", "off-by-one", "gated")
 
 
 @dataclass(frozen=True)

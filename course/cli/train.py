@@ -1,15 +1,15 @@
-"""``train``: tiny models with or without a sink token or sink logit (notebook 06)."""
+"""``train``: tiny models with or without a sink token, a sink logit or an output gate (notebook 06)."""
 
 from __future__ import annotations
 
 import argparse
 from course.cli.args import Command, device_name, positive_int, seed_int
-from course.model_names import SEED_MAX
+from course.model_names import SEED_MAX, VARIANTS
 
 
 # ----------------------------------------------------------------------------- train
 def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--variant", default="sink-token", choices=["vanilla", "sink-token", "sink-logit", "off-by-one"])
+    p.add_argument("--variant", default="sink-token", choices=VARIANTS)
     p.add_argument("--all-variants", action="store_true",
                    help="train every variant (--variant is then ignored) and, unless --no-bos, the vanilla model "
                         "without BOS too (notebook 06 compares them)")
@@ -26,15 +26,15 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retrain", action="store_true", help="train even if this run is stored in the cache")
     p.add_argument("--jobs", type=positive_int, default=1,
                    help="runs trained at once, each in its own process with cores / jobs threads (CPU only); a tiny "
-                        "model uses two cores poorly: 2 jobs on 2 cores trained notebook 06's 15 models in 7 "
-                        "minutes instead of 9-10")
+                        "model uses two cores poorly: 2 jobs on 2 cores train notebook 06's 18 models in 8-9 "
+                        "minutes instead of 11-12")
     p.add_argument("--json", action="store_true")
 
 
 def _train(args: argparse.Namespace) -> dict:
     """One run: its numbers. Several (--all-variants, --seeds): {"runs": [the numbers of each]}."""
     from course.models import resolve_device
-    from course.train import VARIANTS, measure_run, seed_list
+    from course.train import measure_run, seed_list
 
     seeds = [args.seed]
     if args.seeds is not None:

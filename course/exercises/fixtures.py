@@ -12,14 +12,15 @@ from course.streaming import next_token_nll
 
 
 def tiny_model(family: str = "llama", seed: int = 0, n_layer: int = 2, sink_logit: str = "none",
-               kv_heads: int | None = None) -> CausalLM:
+               kv_heads: int | None = None, output_gate: str = "none") -> CausalLM:
     """A small random model in float64 (fast, and exact enough to compare to 1e-9): 4 query heads, 2 KV heads for
-    a Llama (GQA) unless ``kv_heads`` says otherwise; ``sink_logit``: see ``ModelConfig`` ("learned" gives every
-    attention layer a per-head logit of an empty slot, here at 0)."""
+    a Llama (GQA) unless ``kv_heads`` says otherwise; ``sink_logit`` and ``output_gate``: see ``ModelConfig``
+    ("learned" gives every attention layer a per-head logit of an empty slot, here at 0; "elementwise" a gate on
+    its output)."""
     kv = (2 if family == "llama" else 4) if kv_heads is None else kv_heads
     cfg = ModelConfig(family=family, vocab_size=53, n_layer=n_layer, n_head=4, n_kv_head=kv,
                       d_model=32, head_dim=8, d_ff=48, max_positions=512, name=f"tiny-{family}",
-                      sink_logit=sink_logit)
+                      sink_logit=sink_logit, output_gate=output_gate)
     torch.manual_seed(seed)
     model = build_model(cfg).double().eval()
     with torch.no_grad():

@@ -11,6 +11,7 @@ from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import close, tiny_model
 from course.exercises.hints import hint
 from course.models.attend import attend, attention_weights
+from course.models.base import OutputGate, output_gate
 from course.train import lm_loss, prepend_sink
 
 _ATTENTION = (attend, attention_weights)
@@ -202,3 +203,59 @@ def _check_sink_layer(fn) -> None:
             raise Wrong(hint(2, f"return the layer's output [B, T, D] = {list(want.shape)} (heads merged, then "
                                 f"layer.out); got {list(torch.as_tensor(got).shape)}"))
         raise Wrong(_diagnose_layer(fn))
+
+
+# ----------------------------------------------------------------------------- 6. the output gate
+def _gated_with_course(y: Tensor, x: Tensor, layer) -> Tensor:
+    """AUTOFILL's gate: the heads merged, the course's ``output_gate``, then ``layer.out``."""
+    b, h, t, d = y.shape
+    return layer.out(output_gate(y.transpose(1, 2).reshape(b, t, h * d), x, layer.gate))
+
+
+@torch.inference_mode()
+def _gated_inputs(model) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Per layer of a gated GPT-2: (the heads' outputs y [B, H, T, d], the layer's input x [B, T, D], the layer's
+    output [B, T, D]), from one forward (the course's attention gives y, the model's own forward the output)."""
+    xs, outs = _course_layer(model)
+    rows = []
+    for x, out, block in zip(xs, outs, model.blocks):
+        b, t, dm = x.shape
+        h = model.config.n_head
+        q, k, v = (z.view(b, t, h, dm // h).transpose(1, 2) for z in block.attn.qkv(x).split(dm, dim=-1))
+        rows.append((attend(q, k, v, causal=True)[0], x, out))
+    return rows
+
+
+@exercise("06.gated_output", "Exercise 5 (the output gate of gated attention)", fallback=_gated_with_course,
+          shortcuts=(output_gate, OutputGate))
+def _check_gate(fn) -> None:
+    model = tiny_model("gpt2", seed=7, output_gate="elementwise")
+    for i, (y, x, want) in enumerate(_gated_inputs(model)):
+        parts = layer_parts(model.blocks[i].attn)
+        with torch.inference_mode():
+            got = fn(y.clone(), x.clone(), parts)
+        if close(got, want, 1e-9):
+            continue
+        got = torch.as_tensor(got)
+        if got.shape != want.shape:
+            raise Wrong(f"return the layer's output [B, T, D] = {list(want.shape)} (heads merged, gated, then "
+                        f"layer.out); got {list(got.shape)}")
+        b, h, t, d = y.shape
+        merged = y.transpose(1, 2).reshape(b, t, h * d)
+        with torch.inference_mode():
+            wrong = {
+                "the gate is computed from the layer's input x (the query token's hidden state), not from the "
+                "attention output y": parts.out(merged * torch.sigmoid(parts.gate(merged))),
+                "the gate sits before the output projection: gate the merged heads, then apply layer.out":
+                    parts.out(merged) * torch.sigmoid(parts.gate(x)),
+                "squash the gate's logits with a sigmoid, so that each gate lies in (0, 1)":
+                    parts.out(merged * parts.gate(x)),
+                "the gate is missing: multiply the merged heads by sigmoid(layer.gate(x)) before layer.out":
+                    parts.out(merged),
+                "merge the heads as transpose(1, 2).reshape(B, T, H * d): [B, H, T, d] -> [B, T, H, d] -> [B, T, D]":
+                    parts.out(y.reshape(b, t, h * d) * torch.sigmoid(parts.gate(x))),
+            }
+        for message, output in wrong.items():
+            if close(got, output, 1e-9):
+                raise Wrong(message)
+        raise Wrong(f"layer {i}: the output differs from the gated layer's (layer.out(merged ⊙ sigmoid(layer.gate(x))))")

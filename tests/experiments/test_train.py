@@ -69,7 +69,7 @@ def test_training_learns_and_runs_are_cached(tmp_path, monkeypatch):
                                                                   again.model.state_dict().values()))
 
 
-@pytest.mark.parametrize("variant", ["vanilla", "sink-logit", "off-by-one"])
+@pytest.mark.parametrize("variant", ["vanilla", "sink-logit", "off-by-one", "gated"])
 def test_variants_train_and_measure(tmp_path, monkeypatch, variant):
     monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
     run = train(variant_config(variant, steps=10, log_every=5), progress=False)
@@ -80,6 +80,8 @@ def test_variants_train_and_measure(tmp_path, monkeypatch, variant):
     assert set(losses["windows"][4]) == {0, 1} and losses["full"] > 0
     if variant == "off-by-one":
         assert not any(p.requires_grad for n, p in run.model.named_parameters() if "sink_logit" in n)
+    gated = [n for n, p in run.model.named_parameters() if ".attn.gate." in n]
+    assert (len(gated) == 2 * run.config.n_layer) == (variant == "gated"), gated  # W_θ and b in every layer
 
 
 @pytest.mark.parametrize("bad", [dict(variant="sinks"), dict(task="music"), dict(steps=0), dict(seq_len=4),
@@ -148,7 +150,7 @@ def test_train_cli_all_variants_over_seeds(tmp_path, monkeypatch, capsys):
                  "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
     assert [(r["variant"], r["bos"], r["seed"]) for r in runs] == [
-        (v, True, s) for v in ("vanilla", "sink-token", "sink-logit", "off-by-one") for s in (7, 8, 9)
+        (v, True, s) for v in ("vanilla", "sink-token", "sink-logit", "off-by-one", "gated") for s in (7, 8, 9)
     ] + [("vanilla", False, s) for s in (7, 8, 9)]
     assert main(["train", "--seeds", "2", "--steps", "2"]) == 2
     err = capsys.readouterr().err.strip()

@@ -325,6 +325,69 @@ def test_sink_logit_fast_path_equals_reference_path(family):
     assert torch.allclose(outputs[0][1], outputs[1][1], atol=1e-10)
 
 
+def test_the_output_gate_is_the_papers_equation_in_every_path(family):
+    """Gated attention: Y' = Y ⊙ σ(X W_θ + b) before W_O, computed here by hand from the layer's own parts; the
+    cached decode (fast and reference paths, with an evicting policy) gives the full forward's logits."""
+    from course.models.attend import attend, reference_mode
+    from course.policies import StreamingLLM
+
+    model = tiny_model(family, output_gate="elementwise")
+    ids = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(3))
+    attn = model.blocks[0].attn
+    seen = {}
+    hook = attn.register_forward_hook(lambda module, args, out: seen.update(x=args[0], y=out[0]))
+    with torch.no_grad():
+        model(ids)
+        hook.remove()
+        x = seen["x"]
+        b, t, _ = x.shape
+        h, d = model.config.n_head, model.config.head_dim
+        if family == "gpt2":
+            q, k, v = (z.view(b, t, -1, d).transpose(1, 2) for z in attn.qkv(x).split(model.config.d_model, -1))
+        else:
+            from course.rope import rope
+
+            pos = torch.arange(t).expand(b, t)
+            q, k, v = (proj(x).view(b, t, -1, d).transpose(1, 2) for proj in (attn.q, attn.k, attn.v))
+            q, k = rope(q, pos, model.config.rope_theta), rope(k, pos, model.config.rope_theta)
+        y = attend(q, k, v, causal=True, explicit=True)[0].transpose(1, 2).reshape(b, t, h * d)
+        gate = torch.sigmoid(x @ attn.gate.proj.weight.T + attn.gate.proj.bias)
+        out = attn.out if family == "gpt2" else attn.o
+        assert torch.allclose(seen["y"], out(y * gate), atol=1e-10)
+        assert not torch.allclose(seen["y"], out(y), atol=1e-3)  # the gate changes the output
+        full = model(ids).logits
+        evicted = []
+        for reference in (False, True):
+            with reference_mode() if reference else contextlib.nullcontext():
+                cache = model.new_cache(2)
+                decoded = torch.cat([model(ids[:, i : i + 1], cache=cache).logits for i in range(20)], 1)
+                assert torch.allclose(decoded, full, atol=1e-10)
+                cache = model.new_cache(2, StreamingLLM(2, 6, positions="original"))
+                evicted.append(torch.cat([model(ids[:, i : i + 1], cache=cache).logits for i in range(20)], 1))
+        assert torch.allclose(evicted[0], evicted[1], atol=1e-10) and not torch.allclose(evicted[0], full, atol=1e-3)
+
+
+def test_gate_openness_reads_every_gate_and_refuses_a_model_without_one():
+    from course.attention_analysis import gate_openness
+
+    from course.models.base import ModelConfig
+
+    model = tiny_model("gpt2", output_gate="elementwise")
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.gate.proj.weight.zero_()
+            block.attn.gate.proj.bias.copy_(torch.arange(32.0) / 8 - 2)  # every output dimension its own gate
+    ids = torch.randint(0, 97, (1, 12))
+    got = gate_openness(model, ids)
+    want = torch.sigmoid(torch.arange(32.0) / 8 - 2).view(4, 8).mean(-1)  # 4 heads of 8 dimensions
+    assert got.shape == (2, 4) and torch.allclose(got, want.expand(2, 4), atol=1e-6)
+    with pytest.raises(ValueError, match="has no output gate"):
+        gate_openness(tiny_model("gpt2"), ids)
+    with pytest.raises(ValueError, match="output_gate must be"):
+        ModelConfig(family="gpt2", vocab_size=5, n_layer=1, n_head=1, n_kv_head=1, d_model=4, head_dim=4, d_ff=4,
+                    max_positions=8, output_gate="headwise")
+
+
 def test_key_mass_sums_the_attention_on_the_marked_keys():
     from course.attention_analysis import key_mass, sink_mass
 
