@@ -17,8 +17,9 @@ Each group is quantized asymmetrically (KIVI eq. 2): with m = min, M = max over 
 
 **Sinks exact.** The first tokens of a stream carry the attention sinks and, with them, the largest key norms; a
 quantizer that keeps the first ``exact_sinks`` tokens in full precision loses much less (IntactKV, Liu et al. 2024,
-arXiv 2403.01241; the "preserve the first N" baseline of KVSink, arXiv 2508.04257). ``KIVI(exact_sinks=4)`` never
-quantizes tokens 0..3.
+arXiv 2403.01241; the "preserve the first N" baseline of KVSink, arXiv 2508.04257). ``KIVI(exact_sinks=4)`` stores
+tokens 0..3 exactly and changes nothing else: the groups are those of the store without the option (the first group's
+scales are computed over all its tokens, the sinks included), so the two stores differ in the first four slots only.
 
 Simulated storage: the cache keeps ``x'`` (the dequantized numbers, exactly what unpacking the codes gives) in its
 own tensors, so attention, every eviction policy and the model run unchanged; ``KIVI.nbytes`` counts what a packed
@@ -119,10 +120,10 @@ class KIVI:
 
     # ----------------------------------------------------------------------------- the cache's calls
     def chunk_starts(self, n_tokens: int) -> list[int]:
-        """Where a chunk of a stream must start for the exact evaluator: at every position exact_sinks + residual
-        + k G (k >= 1), below ``n_tokens``. Between two of them no key group leaves the residual, so every query of
-        a chunk sees the keys quantized exactly as when it was decoded alone."""
-        first = self.exact_sinks + self.residual + self.group
+        """Where a chunk of a stream must start for the exact evaluator: at every position residual + k G (k >= 1),
+        below ``n_tokens``. Between two of them no key group leaves the residual, so every query of a chunk sees the
+        keys quantized exactly as when it was decoded alone."""
+        first = self.residual + self.group
         return list(range(first, n_tokens, self.group))
 
     def check_chunk(self, first: int, tokens: int) -> None:
@@ -140,16 +141,21 @@ class KIVI:
         ``next_position``; ``done``: where the first group not yet quantized starts (a position). Returns the new
         ``done``.
 
-        Group g holds the tokens at positions exact_sinks + g*G .. exact_sinks + (g+1)*G - 1; the tokens of a group
-        that eviction already dropped are simply absent, each (batch row, KV head) quantizing the ones it still
-        holds. Keys: min and max per channel over the group's tokens; values: per token, over groups of channels."""
-        done = max(done, self.exact_sinks)
+        Group g holds the tokens at positions g*G .. (g+1)*G - 1; the tokens of a group that eviction already
+        dropped are simply absent, each (batch row, KV head) quantizing the ones it still holds. Keys: min and max per
+        channel over the group's tokens; values: per token, over groups of channels. The first ``exact_sinks`` tokens
+        take part in their group's scales and are then put back as they were (stored in full precision)."""
         keys, values, pos = layer.live()
+        sinks = pos < self.exact_sinks if self.exact_sinks > done else None  # a group to round may hold sinks
+        if sinks is not None:
+            exact_keys, exact_values = keys[sinks], values[sinks]  # copies: [sinks held, d]
         settled = self.round_groups(keys, values, pos, done, next_position)
+        if sinks is not None and settled > done:
+            keys[sinks], values[sinks] = exact_keys, exact_values
         group_id = layer.stat(GROUP_STAT)  # which slots are quantized, in which key group (for nbytes)
         for start in range(done, settled, self.group):
-            member = (pos >= start) & (pos < start + self.group)
-            group_id.copy_(torch.where(member, float((start - self.exact_sinks) // self.group + 1), group_id))
+            member = (pos >= max(start, self.exact_sinks)) & (pos < start + self.group)
+            group_id.copy_(torch.where(member, float(start // self.group + 1), group_id))
         return settled
 
     def round_groups(self, keys: Tensor, values: Tensor, positions: Tensor, done: int, next_position: int) -> int:
@@ -204,6 +210,19 @@ class KIVI:
                                                         & (ordered[..., 1:] > 0)).sum())
         key_scales = key_groups * d * 2 * self.scale_bytes
         return full * 2 * d * dtype_bytes + (code_bits + 7) // 8 + value_scales + key_scales
+
+    def max_bytes(self, slots: int, n_layers: int, batch: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+        """The most bytes ``nbytes`` can count for a cache holding at most ``slots`` slots per (layer, batch row, KV
+        head): at most exact_sinks + residual + group of them in full precision (the sinks, the residual window and a
+        key group not yet full, the new token included), every other one quantized and, at worst, the only token left
+        of its key group (eviction can leave one), paying for that group's key scales alone."""
+        full = min(slots, self.exact_sinks + self.residual + self.group)
+        quantized = slots - full
+        scales = (head_dim // self.group) * 2 * self.scale_bytes  # a value's (or a per-token key's) scales and zeros
+        key_scales = scales if self.keys == "token" else head_dim * 2 * self.scale_bytes
+        per_head = (full * 2 * head_dim * dtype_bytes + (quantized * 2 * head_dim * self.bits + 7) // 8
+                    + quantized * (scales + key_scales))
+        return n_layers * batch * kv_heads * per_head
 
     def bytes_per_token(self, n_layers: int, kv_heads: int, head_dim: int) -> float:
         """Bytes one quantized token costs in a cache of these shapes, its share of the key groups' scales

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from course.exercises.fixtures import tiny_model
-from course.policies import make_policy
+from course.policies import POLICIES, make_policy, policy_names
 from course.quantize import GROUP_STAT, KIVI, dequantize, fake_quantize, quantize
 from course.streaming import decode_stream, exact_stream
 
@@ -55,19 +55,22 @@ def test_kivi_layout_in_the_cache_of_a_running_model():
     k0, v0, pos = plain.live()
     k, v, _ = store.live()
     n = pos.shape[-1]
-    groups = (n - 1 - kivi.residual - kivi.exact_sinks) // kivi.group  # quantized before the last token arrived
-    assert groups == 7
+    groups = (n - 1 - kivi.residual) // kivi.group  # quantized before the last token arrived
+    assert groups == 8
     for g in range(groups):
-        span = slice(kivi.exact_sinks + g * kivi.group, kivi.exact_sinks + (g + 1) * kivi.group)
-        assert torch.allclose(k[:, :, span], fake_quantize(k0[:, :, span], 2, dim=2))  # per channel, over tokens
+        span = slice(g * kivi.group, (g + 1) * kivi.group)
+        want_k = fake_quantize(k0[:, :, span], 2, dim=2)  # per channel, over tokens (the sinks in their group's scales)
         b, h, t, d = v0[:, :, span].shape
-        per_token = fake_quantize(v0[:, :, span].reshape(b, h, t, d // 4, 4), 2, dim=-1).reshape(b, h, t, d)
-        assert torch.allclose(v[:, :, span], per_token)  # per token, over groups of 4 channels
-        assert all(k[0, 0, span, c].unique().numel() <= 4 for c in range(d))
-    rest = slice(kivi.exact_sinks + groups * kivi.group, n)
+        want_v = fake_quantize(v0[:, :, span].reshape(b, h, t, d // 4, 4), 2, dim=-1).reshape(b, h, t, d)
+        if g == 0:  # the sinks put back exactly
+            want_k[:, :, :3], want_v[:, :, :3] = k0[:, :, :3], v0[:, :, :3]
+        assert torch.allclose(k[:, :, span], want_k)
+        assert torch.allclose(v[:, :, span], want_v)  # per token, over groups of 4 channels
+        assert g == 0 or all(k[0, 0, span, c].unique().numel() <= 4 for c in range(d))
+    rest = slice(groups * kivi.group, n)
     assert torch.equal(k[:, :, :3], k0[:, :, :3]) and torch.equal(v[:, :, :3], v0[:, :, :3])  # the sinks exact
     assert torch.equal(k[:, :, rest], k0[:, :, rest]) and torch.equal(v[:, :, rest], v0[:, :, rest])
-    assert (store.stat(GROUP_STAT) > 0).sum() == groups * kivi.group * k.shape[1]
+    assert (store.stat(GROUP_STAT) > 0).sum() == (groups * kivi.group - kivi.exact_sinks) * k.shape[1]
 
 
 def _packed_bytes(n_tokens: int, quantized: int, groups: int, d: int, bits: int, group: int, heads: int,
@@ -83,7 +86,7 @@ def test_bytes_count_codes_scales_and_full_precision_tokens():
     model = tiny_model("llama")
     kivi = KIVI(bits=4, group=4, residual=6, exact_sinks=3)
     cache = _stream(model, make_policy("full", quantizer=kivi))
-    per_layer = _packed_bytes(40, 7 * 4, 7, 8, 4, 4, 2, 8)  # float64 model: 8 bytes per number
+    per_layer = _packed_bytes(40, 8 * 4 - 3, 8, 8, 4, 4, 2, 8)  # float64 model: 8 bytes per number; 3 sinks exact
     assert cache.nbytes == model.config.n_layer * per_layer
     plain = _stream(model, make_policy("full"))
     assert cache.nbytes < plain.nbytes
@@ -203,3 +206,63 @@ def test_a_rounding_function_gives_its_work_back_and_is_held_to_its_contract():
     ours = _stream(model, make_policy("full", quantizer=RoundingFunction(fn=course, **kivi))).layers[0].live()
     theirs = _stream(model, make_policy("full", quantizer=KIVI(**kivi))).layers[0].live()
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_sinks_exact_changes_only_the_first_slots():
+    """``exact_sinks=N`` stores tokens 0..N-1 exactly and nothing else changes: the same groups, scales and slots as
+    the store without the option, in every layer (where later layers' inputs differ, compare layer 0, whose keys
+    and values depend on their own token only), and the same bytes but for the N tokens' codes."""
+    model = tiny_model("llama")
+    plain = _stream(model, make_policy("full")).layers[0].live()
+    without = _stream(model, make_policy("full", quantizer=KIVI(bits=2, group=4, residual=6))).layers[0]
+    with_sinks = _stream(model, make_policy("full", quantizer=KIVI(bits=2, group=4, residual=6, exact_sinks=3))).layers[0]
+    for a, b, exact in zip(without.live(), with_sinks.live(), plain):
+        assert torch.equal(a[:, :, 3:], b[:, :, 3:])                        # every later slot as without the option
+        assert torch.equal(b[:, :, :3], exact[:, :, :3])                    # the first three exact
+    assert not torch.equal(without.live()[0][:, :, :3], plain[0][:, :, :3])  # which the 2-bit store had rounded
+    ids_without, ids_with = without.stat(GROUP_STAT), with_sinks.stat(GROUP_STAT)
+    assert torch.equal(ids_without[..., 3:], ids_with[..., 3:]) and bool((ids_with[..., :3] == 0).all())
+
+
+def _slots_at_most(name: str, budget: int | None, fed: int, prompt: int) -> int:
+    """The most slots per KV head a policy may hold after ``fed`` tokens: its budget once full, where it evicts
+    while decoding; a prompt compressed once (SnapKV) grows by every token decoded after it; the full cache keeps all."""
+    if budget is None:
+        return fed
+    if POLICIES[name].prefill_only:
+        return min(prompt, budget) + fed - prompt
+    return min(fed, budget)
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("name", policy_names())
+def test_every_policy_streams_and_generates_on_a_quantized_store_within_its_bytes(name, bits):
+    """Every policy of the table with a 4-bit and a 2-bit store (two sinks exact), on a batch of two: a stream and a
+    generation run with finite logits, and the store's bytes after every token stay within ``KIVI.max_bytes`` of the
+    slots the policy may hold. Below those slots in full precision too, for the policies that keep runs of
+    neighbouring tokens; one that scatters its slots (H2O, SnapKV, random) can leave a key group with a single token,
+    whose per-channel scales (2 d numbers) then cost more than the token itself in full precision."""
+    from course.generate import sample_batch
+
+    model = tiny_model("llama")
+    kivi = KIVI(bits=bits, group=4, residual=4, exact_sinks=2)
+    budget = None if name == "full" else 16
+    policy = lambda: make_policy(name, budget, model=model, quantizer=kivi)  # noqa: E731
+    shape = dict(n_layers=model.config.n_layer, batch=2, kv_heads=model.config.n_kv_head,
+                 head_dim=model.config.head_dim, dtype_bytes=2)
+    full_slot = model.config.cache_bytes_per_token(2) * 2  # a slot of every layer, both rows, at 16 bits
+    ids = torch.randint(0, 53, (2, 48), generator=torch.Generator().manual_seed(9))
+    cache = model.new_cache(2, policy())
+    with torch.inference_mode():
+        for t in range(ids.shape[1]):
+            logits = model(ids[:, t : t + 1], cache=cache).logits
+            assert bool(torch.isfinite(logits).all()), (name, t)
+            slots = _slots_at_most(name, budget, t + 1, 0)
+            assert cache.n_slots <= slots and cache.bytes_at(2) <= kivi.max_bytes(slots, **shape), (name, t)
+    runs = name in ("full", "window", "streaming")
+    assert not runs or cache.bytes_at(2) < cache.n_slots * full_slot  # groups rounded: fewer bytes than the slots
+    new, cache = sample_batch(model, ids[:, :24], policy(), max_new_tokens=12)
+    assert new.shape == (2, 12) and bool(((new >= 0) & (new < model.config.vocab_size)).all())
+    slots = _slots_at_most(name, budget, 24 + 11, 24)
+    assert cache.n_slots <= slots and cache.bytes_at(2) <= kivi.max_bytes(slots, **shape)
+    assert not runs or cache.bytes_at(2) < cache.n_slots * full_slot
