@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from course.policies import FullCache, Policy
+from course.quantize import GROUP_STAT
 from course.rope import rope, rope_tables
 
 __all__ = ["LayerCache", "KVCache", "CacheGroup", "AttentionView", "SinkRotation", "cache_bytes_per_token", "Chunks",
@@ -359,11 +360,6 @@ class KVCache:
         self.quantizer = self.policy.quantizer
         if self.quantizer is not None:
             self.quantizer.check_head_dim(head_dim)
-            if rope_theta is not None:
-                raise ValueError("a quantized store rounds keys as they arrive, before the rotary embedding: it needs "
-                                 "a cache made with rope_theta=None (the course's models: new_cache(rotated=False), "
-                                 "their default for a quantized policy); transformers' PolicyCache caches rotated keys "
-                                 "and cannot hold one")
         # Allocate for min(budget, tokens that can exist): a budgeted cache starts at most at
         # ``capacity`` slots (or ``max_tokens``, the most the caller will feed) and doubles up to
         # budget + 1, so a budget far above the stream's length costs no memory.
@@ -392,7 +388,8 @@ class KVCache:
         self._tables: tuple | None = None  # rotate's RoPE tables of the current forward
         self._step: _Eviction | None = None  # the current decode step's eviction (see _evict)
         self._weight_rows: dict[int, int] = {}  # what the policy asked for in the last update, per layer
-        self._settled = [0] * n_layers  # quantized store: the position where each layer's next key group starts
+        self._settled = [[0] * batch for _ in range(n_layers)]  # quantized store: per layer and batch row, the
+        # position where the next key group starts
 
     # ----------------------------------------------------------------------------- the layer's two calls
     def update(self, layer_idx: int, k: Tensor, v: Tensor, pos: Tensor, mask: bool = True) -> AttentionView:
@@ -414,10 +411,9 @@ class KVCache:
                 f"but layer {layer_idx} gave keys of shape {tuple(k.shape)}: was it made by another model?"
             )
         if self.quantizer is not None:  # tokens that left the residual are quantized before the new ones arrive
-            first = int(pos.min())
             if self._streamed() and k.shape[2] > 1:
-                self.quantizer.check_chunk(first, k.shape[2])
-            self._settled[layer_idx] = self.quantizer.settle(layer, self._settled[layer_idx], first)
+                self.quantizer.check_chunk(int(pos.min()), k.shape[2])
+            self._settle(layer, layer_idx, pos)
         budget = self.policy.budget
         if k.shape[2] == 1 and budget is not None and layer.length >= budget:
             self._evict(layer, k, v, pos)
@@ -486,6 +482,8 @@ class KVCache:
         reorders its beams so, and repeating a row gives several continuations of one prompt."""
         for layer in self.layers:
             layer.select_rows(index)
+        rows = index.tolist()
+        self._settled = [[settled[i] for i in rows] for settled in self._settled]
         if self.start is not None:
             self.start = self.start.index_select(0, index)
         self.shape = (self.shape[0], int(index.shape[0]), *self.shape[2:])
@@ -527,6 +525,30 @@ class KVCache:
         """Every key's offset between forwards (the next query at rank S, after ``seen`` tokens): [B, H_kv, S]."""
         k_pos = layer.live()[2]
         return self.policy.cache_ranks(k_pos) + self.row_seen - layer.length - k_pos
+
+    @_no_grad
+    def _settle(self, layer: LayerCache, layer_idx: int, pos: Tensor) -> None:
+        """The quantized store's rounding (``KIVI.settle``) before the new tokens at ``pos`` ([B, T], -1: padding)
+        arrive, row by row at each row's first new position (the rows of a left-padded batch are at different
+        positions of their streams), so that every row is stored as it would be alone. In a cache whose policy moves
+        rotated keys (``originals``), the keys are rounded as they arrived and each rounded key is placed again from
+        there: a key the policy moves later moves rounded."""
+        keys, values, k_pos = layer.live()
+        arrived = None if layer.originals is None else layer.originals[:, :, : layer.length]
+        group_id = layer.stat(GROUP_STAT)
+        firsts = pos.masked_fill(pos < 0, torch.iinfo(pos.dtype).max).amin(dim=1).tolist()  # [B]
+        for b, first in enumerate(firsts):
+            if first == torch.iinfo(pos.dtype).max:  # a row of padding only
+                continue
+            done, row = self._settled[layer_idx][b], slice(b, b + 1)
+            settled = self.quantizer.settle((keys if arrived is None else arrived)[row], values[row], k_pos[row],
+                                            group_id[row], done, first)
+            if arrived is not None and settled > done:
+                rounded = ((k_pos[row] >= done) & (k_pos[row] < settled)).nonzero(as_tuple=True)
+                slots = (rounded[0] + b, *rounded[1:])
+                offsets = layer.offsets[slots]
+                self._rotate(layer, slots, offsets, self._tables_of(offsets, layer.keys))
+            self._settled[layer_idx][b] = settled
 
     def _offsets_now(self, layer: LayerCache, q_pos: Tensor) -> Tensor:
         """Every key's offset for the queries at ``q_pos`` ([B, T]) now stored: ``k_rope + q_pos - q_rope``."""

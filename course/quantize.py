@@ -4,8 +4,11 @@ Eviction keeps some tokens exactly and forgets the rest; quantization keeps ever
 (Liu et al. 2024, arXiv 2402.02750) found what makes a 2-bit cache work: keys and values are not alike.
 
 * **Keys per channel.** A few key channels carry outliers for every token, so one scale per *channel*, over a group
-  of G consecutive tokens, fits each channel's range (KIVI §3.2). The course stores keys before the rotary embedding,
-  where the outlier channels stay put (KVQuant, Hooper et al. 2024, arXiv 2401.18079, §3.1, quantizes them there).
+  of G consecutive tokens, fits each channel's range (KIVI §3.2). The course's models round keys before the rotary
+  embedding by default, where the outlier channels stay put (KVQuant, Hooper et al. 2024, arXiv 2401.18079, §3.1,
+  quantizes them there); in a cache of rotated keys (``new_cache(rotated=True)``, and transformers' ``PolicyCache``,
+  which is handed rotated keys) they are rounded as they arrive, rotated, as KIVI's own code does, and a key the
+  policy moves later (StreamingLLM's sinks) is rotated again from its rounded self.
 * **Values per token.** Values have no fixed outlier channels; their error is averaged by the attention weights row
   by row, so one scale per *token*, over a group of G channels.
 * **A full-precision residual.** The most recent ``residual`` tokens (and the tokens of a key group not yet full)
@@ -136,25 +139,25 @@ class KIVI:
                              f"{first + tokens - 1})")
 
     @torch.no_grad()
-    def settle(self, layer: LayerCache, done: int, next_position: int) -> int:
+    def settle(self, keys: Tensor, values: Tensor, positions: Tensor, group_id: Tensor, done: int,
+               next_position: int) -> int:
         """Quantize, in place, every key group whose tokens are all older than the residual window of a token at
-        ``next_position``; ``done``: where the first group not yet quantized starts (a position). Returns the new
-        ``done``.
+        ``next_position``; ``done``: where the first group not yet quantized starts (a position). keys, values
+        [B, H_kv, S, d], positions [B, H_kv, S] and ``group_id`` (the per-slot ``GROUP_STAT``, [B, H_kv, S]) are
+        views of one layer's storage (the cache passes one batch row at a time). Returns the new ``done``.
 
         Group g holds the tokens at positions g*G .. (g+1)*G - 1; the tokens of a group that eviction already
         dropped are simply absent, each (batch row, KV head) quantizing the ones it still holds. Keys: min and max per
         channel over the group's tokens; values: per token, over groups of channels. The first ``exact_sinks`` tokens
         take part in their group's scales and are then put back as they were (stored in full precision)."""
-        keys, values, pos = layer.live()
-        sinks = pos < self.exact_sinks if self.exact_sinks > done else None  # a group to round may hold sinks
+        sinks = positions < self.exact_sinks if self.exact_sinks > done else None  # a group to round may hold sinks
         if sinks is not None:
             exact_keys, exact_values = keys[sinks], values[sinks]  # copies: [sinks held, d]
-        settled = self.round_groups(keys, values, pos, done, next_position)
+        settled = self.round_groups(keys, values, positions, done, next_position)
         if sinks is not None and settled > done:
             keys[sinks], values[sinks] = exact_keys, exact_values
-        group_id = layer.stat(GROUP_STAT)  # which slots are quantized, in which key group (for nbytes)
-        for start in range(done, settled, self.group):
-            member = (pos >= max(start, self.exact_sinks)) & (pos < start + self.group)
+        for start in range(done, settled, self.group):  # which slots are quantized, in which key group (for nbytes)
+            member = (positions >= max(start, self.exact_sinks)) & (positions < start + self.group)
             group_id.copy_(torch.where(member, float(start // self.group + 1), group_id))
         return settled
 

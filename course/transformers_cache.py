@@ -37,6 +37,9 @@ not a second copy of it. What this module adds is the glue to transformers 5:
   positions, decoding methods that undo steps (assisted decoding, contrastive search, chunked prefill), and input
   that does not continue the stream the cache already holds.
 
+* **A quantized store** (``make_policy(..., quantizer=KIVI(bits=2))``, any policy) rounds the keys as transformers
+  hands them over, rotated (KIVI's placement; ``course.quantize``), each batch row at its own stream's positions.
+
 Supported: the GPT-2 family (original positions only: its positions are learned and added at the input) and
 the Llama family as the course loads it (Llama, Mistral and Qwen2 without sliding-window layers or RoPE
 scaling); greedy decoding, sampling, beam search and ``num_return_sequences``, one prompt or a left-padded batch.

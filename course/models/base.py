@@ -153,8 +153,8 @@ class CausalLM(nn.Module):
         only the keys the policy moves are rotated again (``KVCache``'s ``rope_theta``), instead of before
         rotation, the readable path, where the model rotates every cached key at every step. The two give the same
         scores (tests/test_models.py). Default: rotated, except for ``chunks="stream"``, for a policy with a quantized
-        store (its keys are rounded before rotation) and for caches made inside
-        ``course.models.attend.reference_mode()``."""
+        store (its keys are then rounded before rotation; ``rotated=True`` rounds them rotated, as transformers'
+        caches do) and for caches made inside ``course.models.attend.reference_mode()``."""
         if policy is not None:
             policy.check_model(self.config)
         c = self.config

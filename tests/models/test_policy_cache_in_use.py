@@ -338,3 +338,56 @@ def test_a_dropped_cache_frees_its_hooks_at_once():
     assert hooks_on(hf) > hooks and "generate" in vars(hf)
     del cache
     assert ref() is None and hooks_on(hf) == hooks and "generate" not in vars(hf)
+
+
+# ----------------------------------------------------------------------------- a quantized store
+QUANTIZED = [("full", {}, "sdpa"), ("streaming", {}, "sdpa"), ("streaming", {"positions": "original"}, "sdpa"),
+             ("h2o", {"sinks": 2}, "eager")]
+
+
+def kivi_2bit():
+    from course.quantize import KIVI
+
+    return KIVI(bits=2, group=4, residual=4, exact_sinks=2)  # two exact, so StreamingLLM's sinks 2 and 3 move rounded
+
+
+@pytest.mark.parametrize("name,kw,impl", QUANTIZED, ids=[f"{n}-{'-'.join(map(str, kw.values())) or 'default'}"
+                                                         for n, kw, _ in QUANTIZED])
+def test_a_quantized_store_in_policycache_is_the_course_models_with_rotated_keys(name, kw, impl):
+    """transformers hands the cache rotated keys, so PolicyCache's store rounds them as they arrived (KIVI's own
+    placement, and transformers' QuantizedCache's); the course's model does the same with ``new_cache(rotated=True)``.
+    The two give the same greedy tokens and logits over four times the budget, and the store's bytes stay within
+    ``KIVI.max_bytes``."""
+    hf = small_hf("llama", impl).double()
+    model = from_transformers(hf)
+    make = lambda: make_policy(name, BUDGET, model=course_config(hf), quantizer=kivi_2bit(), **kw)  # noqa: E731
+    ids = prompts([2 * BUDGET])[0][None]
+    tokens, logits, _ = generate_rows(hf, ids, torch.ones_like(ids), make())
+    cache, out = compress_prompt(model, ids, make(), cache=model.new_cache(1, make(), rotated=True))
+    mine, step = [], out[0, -1]
+    with torch.inference_mode():
+        for i in range(tokens.shape[1]):
+            assert (step - logits[i, 0]).abs().max() <= LOGITS, f"step {i}"
+            mine.append(int(step.argmax()))
+            step = model(torch.tensor([[mine[-1]]]), cache=cache).logits[0, -1]
+    assert mine == tokens[0].tolist()
+    c = model.config
+    assert cache.bytes_at(2) <= kivi_2bit().max_bytes(cache.n_slots, c.n_layer, 1, c.n_kv_head, c.head_dim, 2)
+    if name != "h2o":  # runs of neighbouring tokens: fewer bytes than the slots at 16 bits (H2O's scattered key
+        assert cache.bytes_at(2) < cache.n_slots * c.cache_bytes_per_token(2)  # groups may cost more: test_quantize)
+
+
+@pytest.mark.parametrize("name,kw,impl", QUANTIZED[1:], ids=[f"{n}-{'-'.join(map(str, kw.values())) or 'default'}"
+                                                             for n, kw, _ in QUANTIZED[1:]])
+def test_each_row_of_a_padded_batch_is_its_prompt_alone_on_a_quantized_store(name, kw, impl):
+    """The store rounds each row at its own stream's positions (a left-padded row starts later), so every row of
+    the batch is stored, and generates, as its prompt alone."""
+    hf = small_hf("llama", impl).double()
+    make = lambda: make_policy(name, BUDGET, model=course_config(hf), quantizer=kivi_2bit(), **kw)  # noqa: E731
+    rows = prompts(LENGTHS)
+    ids, mask = left_padded(rows)
+    tokens, logits, _ = generate_rows(hf, ids, mask, make())
+    for i, row in enumerate(rows):
+        alone, alone_logits, _ = generate_rows(hf, row[None], torch.ones(1, len(row), dtype=torch.long), make())
+        assert torch.equal(tokens[i], alone[0]), f"row {i} ({len(row)} tokens)"
+        assert (logits[:, i] - alone_logits[:, 0]).abs().max() <= LOGITS

@@ -157,14 +157,30 @@ def test_a_bad_group_is_refused_by_the_cache():
         model.new_cache(1, make_policy("full", quantizer=KIVI(group=3)))
 
 
-def test_a_quantized_store_takes_keys_before_rotation():
-    """The course's model caches unrotated keys for a quantized policy by default, and a cache of rotated keys
-    (transformers' PolicyCache, or rotated=True) refuses the store in one line."""
+def test_a_quantized_store_rounds_keys_before_rotation_or_as_they_arrived_rotated():
+    """The course's model caches unrotated keys for a quantized policy by default (rounded before the rotary
+    embedding, as KVQuant); ``rotated=True`` rounds them rotated, as they arrive in transformers (KIVI's placement):
+    there a key the policy moves (StreamingLLM's sinks past the exact ones) is placed again from its rounded self."""
+    from course.rope import rope
+
     model = tiny_model("llama")
-    policy = make_policy("streaming", 16, model=model, quantizer=KIVI(bits=4, group=4))
-    assert model.new_cache(1, policy).rope_theta is None
-    with pytest.raises(ValueError, match="rounds keys as they arrive, before the rotary embedding"):
-        model.new_cache(1, policy, rotated=True)
+    policy = lambda: make_policy("streaming", 16, model=model, quantizer=KIVI(bits=2, group=4, residual=4,  # noqa: E731
+                                                                           exact_sinks=2))
+    assert model.new_cache(1, policy()).rope_theta is None
+    ids = torch.randint(0, 53, (1, 40), generator=torch.Generator().manual_seed(4))
+    caches = [model.new_cache(1, policy()), model.new_cache(1, policy(), rotated=True)]
+    with torch.inference_mode():
+        logits = [torch.cat([model(ids[:, t : t + 1], cache=c).logits for t in range(40)], 1) for c in caches]
+    layer = caches[1].layers[0]
+    keys, _, pos = layer.live()
+    moved = (layer.offsets[:, :, : layer.length] != 0) & (layer.stat(GROUP_STAT) > 0)  # rounded sinks, moved
+    assert bool(moved.any()) and set(pos[moved].tolist()) == {2, 3}
+    arrived = layer.originals[:, :, : layer.length]
+    again = rope(arrived[None], layer.offsets[:, :, : layer.length][None], model.config.rope_theta)[0]
+    assert torch.allclose(keys[moved], again[moved], atol=1e-12)  # placed from the rounded key as it arrived
+    assert bool((arrived[:, :, 2:4] != rope(caches[0].layers[0].live()[0][:, :, 2:4], pos[:, :, 2:4],
+                                           model.config.rope_theta)).any())  # a different rounding than before RoPE
+    assert not torch.allclose(logits[0], logits[1], atol=1e-6)
 
 
 def test_one_prompt_forward_serves_quantized_and_plain_caches():
