@@ -537,18 +537,20 @@ class KVCache:
         arrived = None if layer.originals is None else layer.originals[:, :, : layer.length]
         group_id = layer.stat(GROUP_STAT)
         firsts = pos.masked_fill(pos < 0, torch.iinfo(pos.dtype).max).amin(dim=1).tolist()  # [B]
-        for b, first in enumerate(firsts):
+        done = self._settled[layer_idx]
+        together = len(set(zip(firsts, done))) == 1  # every row at the same point of its stream: one call
+        for rows in ([slice(0, len(firsts))] if together else [slice(b, b + 1) for b in range(len(firsts))]):
+            first, before = firsts[rows.start], done[rows.start]
             if first == torch.iinfo(pos.dtype).max:  # a row of padding only
                 continue
-            done, row = self._settled[layer_idx][b], slice(b, b + 1)
-            settled = self.quantizer.settle((keys if arrived is None else arrived)[row], values[row], k_pos[row],
-                                            group_id[row], done, first)
-            if arrived is not None and settled > done:
-                rounded = ((k_pos[row] >= done) & (k_pos[row] < settled)).nonzero(as_tuple=True)
-                slots = (rounded[0] + b, *rounded[1:])
+            settled = self.quantizer.settle((keys if arrived is None else arrived)[rows], values[rows], k_pos[rows],
+                                            group_id[rows], before, first)
+            if arrived is not None and settled > before:
+                rounded = ((k_pos[rows] >= before) & (k_pos[rows] < settled)).nonzero(as_tuple=True)
+                slots = (rounded[0] + rows.start, *rounded[1:])
                 offsets = layer.offsets[slots]
                 self._rotate(layer, slots, offsets, self._tables_of(offsets, layer.keys))
-            self._settled[layer_idx][b] = settled
+            done[rows] = [settled] * len(done[rows])
 
     def _offsets_now(self, layer: LayerCache, q_pos: Tensor) -> Tensor:
         """Every key's offset for the queries at ``q_pos`` ([B, T]) now stored: ``k_rope + q_pos - q_rope``."""

@@ -9,7 +9,8 @@ the course's own findings. Then the rules and the published results of ``course.
 executed notebook re-ran, so that every number the course quotes has a line.
 
 A notebook that a column did not run is marked *not run*, with the reason written in that folder's
-``not-run.txt`` (lines ``NN_name: reason``). The site shows the page (``course.instructor.site``).
+``not-run.txt`` (lines ``NN_name: reason``); a line for a notebook the column did run explains the rows missing from
+it (an older run, before a section was added). The site shows the page (``course.instructor.site``).
 """
 
 from __future__ import annotations
@@ -103,9 +104,9 @@ def render(columns: dict[str, tuple[list[dict], dict[str, str], dict[str, str]]]
 
     def absent(name: str, key: tuple) -> str:
         _, runs, not_run = columns[name]
-        if any(stem[:2] == key[0] for stem in runs):
-            return "*no such row in this run*"
         why = next((w for stem, w in not_run.items() if stem[:2] == key[0]), "")
+        if any(stem[:2] == key[0] for stem in runs):  # the notebook ran, without this row (``why``: e.g. an older run)
+            return "*no such row in this run*" + (f": {why}" if why else "")
         return "*not run*" + (f": {why}" if why else "")
 
     out = ["# Reproductions", "",
@@ -127,7 +128,7 @@ def render(columns: dict[str, tuple[list[dict], dict[str, str], dict[str, str]]]
     for name in names:
         rows, runs, not_run = columns[name]
         read = "; ".join(f"`{n}` ({p or 'default parameters'})" for n, p in runs.items())
-        skipped = "; ".join(f"`{n}` not run: {w}" for n, w in not_run.items() if n not in runs)
+        skipped = "; ".join(f"`{n}` not run: {w}" if n not in runs else f"`{n}`: {w}" for n, w in not_run.items())
         meaning = f" ({COLUMN_MEANING[name]})" if name in COLUMN_MEANING else ""
         out += [f"**{name}**{meaning}: notebooks read: {read or 'none'}." + (f" {skipped}." if skipped else ""), ""]
     tallies = []
