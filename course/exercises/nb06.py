@@ -84,6 +84,14 @@ def _check_softmax(fn) -> None:
         raise Wrong("expected exp(s_j) / (exp(b_h) + sum_i exp(s_i)) for every head h")
 
 
+def _of_shape(got, want: Tensor, what: str) -> Tensor:
+    """``got`` as a tensor, or a ``Wrong`` saying what to return (``what``) and the shape when it has another."""
+    got = torch.as_tensor(got)
+    if got.shape != want.shape:
+        raise Wrong(f"return {what} = {list(want.shape)}; got {list(got.shape)}")
+    return got
+
+
 # ----------------------------------------------------------------------------- 4. attention with a sink logit
 def _course_attention(q: Tensor, k: Tensor, v: Tensor, sink_logit: Tensor) -> Tensor:
     """The models' own attention (course.models.attend, the explicit path) on one sequence: [H, T, d]."""
@@ -101,10 +109,7 @@ def _check_attention(fn) -> None:
         want = _course_attention(q, k, v, logit)
         if close(got, want, 1e-4):
             continue
-        got = torch.as_tensor(got)
-        if got.shape != want.shape:
-            raise Wrong(f"return the output of every head and query, shape [H, T, d] = {list(want.shape)}; "
-                        f"got {list(got.shape)}")
+        got = _of_shape(got, want, "the output of every head and query, shape [H, T, d]")
         scores = q @ k.transpose(-1, -2) / d ** 0.5
         future = torch.ones(t, t, dtype=torch.bool).triu(1)
         masked = scores.masked_fill(future, float("-inf"))
@@ -236,10 +241,7 @@ def _check_gate(fn) -> None:
             got = fn(y.clone(), x.clone(), parts)
         if close(got, want, 1e-9):
             continue
-        got = torch.as_tensor(got)
-        if got.shape != want.shape:
-            raise Wrong(f"return the layer's output [B, T, D] = {list(want.shape)} (heads merged, gated, then "
-                        f"layer.out); got {list(got.shape)}")
+        got = _of_shape(got, want, "the layer's output [B, T, D] (heads merged, gated, then layer.out)")
         b, h, t, d = y.shape
         merged = y.transpose(1, 2).reshape(b, t, h * d)
         with torch.inference_mode():
