@@ -260,4 +260,5 @@ def _check_gate(fn) -> None:
         for message, output in wrong.items():
             if close(got, output, 1e-9):
                 raise Wrong(message)
-        raise Wrong(f"layer {i}: the output differs from the gated layer's (layer.out(merged ⊙ sigmoid(layer.gate(x))))")
+        raise Wrong(f"layer {i}: the output differs from the gated layer's "
+                    "(layer.out(merged ⊙ sigmoid(layer.gate(x))))")

@@ -231,7 +231,8 @@ def test_sinks_exact_changes_only_the_first_slots():
     model = tiny_model("llama")
     plain = _stream(model, make_policy("full")).layers[0].live()
     without = _stream(model, make_policy("full", quantizer=KIVI(bits=2, group=4, residual=6))).layers[0]
-    with_sinks = _stream(model, make_policy("full", quantizer=KIVI(bits=2, group=4, residual=6, exact_sinks=3))).layers[0]
+    sinks = KIVI(bits=2, group=4, residual=6, exact_sinks=3)
+    with_sinks = _stream(model, make_policy("full", quantizer=sinks)).layers[0]
     for a, b, exact in zip(without.live(), with_sinks.live(), plain):
         assert torch.equal(a[:, :, 3:], b[:, :, 3:])                        # every later slot as without the option
         assert torch.equal(b[:, :, :3], exact[:, :, :3])                    # the first three exact
@@ -242,7 +243,8 @@ def test_sinks_exact_changes_only_the_first_slots():
 
 def _slots_at_most(name: str, budget: int | None, fed: int, prompt: int) -> int:
     """The most slots per KV head a policy may hold after ``fed`` tokens: its budget once full, where it evicts
-    while decoding; a prompt compressed once (SnapKV) grows by every token decoded after it; the full cache keeps all."""
+    while decoding; a prompt compressed once (SnapKV) grows by every token decoded after it; the full cache keeps
+    all."""
     if budget is None:
         return fed
     if POLICIES[name].prefill_only:
