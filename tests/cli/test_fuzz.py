@@ -591,7 +591,8 @@ def test_peak_memory_of_a_short_stream_over_a_50_mb_file(tmp_path, pristine):
         assert done.returncode == 0, done.stderr[-2000:]
         assert json.loads(done.stdout)["tokens"] == 32
     print(f"peak RSS: {peaks}")
-    assert peaks["big.txt"] < 1536, peaks
+    # a CUDA build of torch maps its GPU libraries even on a CPU (about 360 MiB more); the course's share is the same
+    assert peaks["big.txt"] < (1536 if torch.version.cuda is None else 1536 + 512), peaks
     assert peaks["big.txt"] - peaks["small.txt"] < 100, peaks
 
 
