@@ -144,7 +144,8 @@ class KIVI:
         """Quantize, in place, every key group whose tokens are all older than the residual window of a token at
         ``next_position``; ``done``: where the first group not yet quantized starts (a position). keys, values
         [B, H_kv, S, d], positions [B, H_kv, S] and ``group_id`` (the per-slot ``GROUP_STAT``, [B, H_kv, S]) are
-        views of one layer's storage (the cache passes one batch row at a time). Returns the new ``done``.
+        views of one layer's storage (the cache passes its whole batch, or one row at a time where the rows
+        are at different positions of their streams). Returns the new ``done``.
 
         Group g holds the tokens at positions g*G .. (g+1)*G - 1; the tokens of a group that eviction already
         dropped are simply absent, each (batch row, KV head) quantizing the ones it still holds. Keys: min and max per
