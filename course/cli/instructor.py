@@ -118,6 +118,9 @@ def _grade_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard", type=shard_spec, default=None, metavar="INDEX/COUNT",
                    help="grade only shard INDEX (from 0) of COUNT, e.g. a job array's task: a fixed split of the "
                         "submissions; merge the shards' --out folders with `gradebook merge` (see docs/grading.md)")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="run the kernels without their bubblewrap walls: only for submissions you trust (every "
+                        "gradebook row records it; see docs/grading.md)")
     p.add_argument("--json", action="store_true")
 
 
@@ -140,6 +143,7 @@ def _grade(args: argparse.Namespace) -> dict:
     require("grade", "nbformat", "nbclient", "jupyter_client", "ipykernel")
     from course.instructor.grading.gradebook import Gradebook, format_gradebook, totals
     from course.instructor.grading.grade import grade, stop_on_signals
+    from course.instructor.grading.isolation import find_isolation
     from course.instructor.grading.key import read_key
     from course.instructor.grading.sandbox import Limits
     from course.instructor.grading.shards import check_out_for
@@ -149,6 +153,9 @@ def _grade(args: argparse.Namespace) -> dict:
     shard = args.shard
     jobs = args.jobs or cpu_cores()
     read_key(Path(args.key))  # an unusable key is reported before anything is graded
+    isolation = None if args.no_sandbox else find_isolation()  # so is a machine that cannot wall kernels in
+    if isolation is not None:
+        isolation.check_absent("the grading key", Path(args.key))
     find_submissions(args.paths, args.layout)  # a missing PATH is reported before --out is created
     check_out_for(Path(args.out), shard)
     book = Gradebook(Path(args.out), regrade=args.regrade)  # checked before anything is graded
@@ -159,7 +166,8 @@ def _grade(args: argparse.Namespace) -> dict:
         with stop_on_signals() as stopping:
             rows = grade(args.paths, args.timeout, args.total_timeout, args.layout, limits, book,
                          progress=None if args.json else lambda line: print(line, flush=True), stop=stopping,
-                         jobs=jobs, threads=max(1, cpu_cores() // jobs), shard=shard, key=Path(args.key))
+                         jobs=jobs, threads=max(1, cpu_cores() // jobs), shard=shard, key=Path(args.key),
+                         sandbox=isolation if isolation is not None else False)
     except KeyboardInterrupt:
         print(f"interrupted: {book.json_path} and {book.csv_path} hold the submissions graded so far; "
               "run the same command again to grade the rest", file=sys.stderr)

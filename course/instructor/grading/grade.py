@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ from nbclient.exceptions import DeadKernelError
 import course.exercises  # noqa: F401  (registers every notebook's exercises)
 from course.exercises.core import AUTOFILL_ENV, REGISTRY, Exercise
 from course.instructor.grading.gradebook import Gradebook, file_digest, in_order
+from course.instructor.grading.isolation import NO_SANDBOX, SANDBOXED, Isolation, find_isolation, kernel_env
 from course.instructor.grading.key import GradingKey, measures, read_key
 from course.instructor.grading.pool import GradingPool
 from course.instructor.grading.remote import CheckResult, CheckServer
@@ -66,9 +66,6 @@ __all__ = ["grade_submission", "grade", "stop_on_signals", "thread_env", "Limits
 NEEDS_KEY = ("question", "capstone")  # exercises graded with what only the key holds
 INJECTED_PARAMETERS = "# Parameters injected by the autograder\nFAST = True\nAUTOFILL = False\n"
 TIMEOUT_ENAME = "CellTimeout"
-KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "XDG_CACHE_HOME",
-            "MPLBACKEND")
-KEPT_ENV_PREFIXES = ("COURSE_", "HF_", "OMP_", "MKL_", "TORCH_", "TRANSFORMERS_")
 _LOG = logging.getLogger("course.instructor.grading.grade")  # nbclient's messages (timeouts, ...) stay off the console
 _LOG.addHandler(logging.NullHandler())
 _LOG.propagate = False
@@ -124,10 +121,12 @@ def _describe(nb: nbformat.NotebookNode, index: int) -> str:
 
 
 def _execute(nb: nbformat.NotebookNode, workdir: Path, control: Path, env: dict[str, str], timeout: int,
-             total_timeout: int, limits: Limits) -> _Run:
+             total_timeout: int, limits: Limits, isolation: Isolation | None) -> _Run:
     """Run every code cell in a sandboxed kernel, past errors, each within ``timeout`` s and all within
     ``total_timeout`` s; when it ends, everything the kernel started is killed. The kernel's connection
-    file goes to ``control`` (removed with it, even when the run is interrupted)."""
+    file and its channels (IPC transport: files, never TCP) go to ``control`` (removed with it, even when the
+    run is interrupted). With ``isolation`` the kernel sees ``workdir`` and ``control`` and the read-only
+    install, nothing else."""
     run_nb, origin = _with_parameters(nbformat.from_dict(nb))
     run = _Run()
     reply: dict[str, dict] = {}
@@ -135,8 +134,10 @@ def _execute(nb: nbformat.NotebookNode, workdir: Path, control: Path, env: dict[
     def on_executed(cell, cell_index, execute_reply) -> None:
         reply["content"] = (execute_reply or {}).get("content", {})
 
-    km = type("_Limited", (SandboxedKernelManager,), {"limits": limits})(
-        kernel_name="python3", connection_file=str(control / "kernel.json"))
+    km = type("_Limited", (SandboxedKernelManager,), {"limits": limits, "isolation": isolation,
+                                                       "writable": (workdir, control), "workdir": workdir})(
+        kernel_name="python3", connection_file=str(control / "kernel.json"), transport="ipc",
+        ip=str(control / "channel"))
     client = _QuietClient(run_nb, km=km, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
                           record_timing=False, shutdown_kernel="immediate", on_cell_executed=on_executed,
                           resources={"metadata": {"path": str(workdir)}}, log=_LOG)
@@ -222,12 +223,6 @@ def _why_not_checked(nb: nbformat.NotebookNode, exercise: str, run: _Run) -> tup
     return "not_reached", f"{where} ran but did not hand the function to the grader (was the check call changed?)"
 
 
-def _minimal_env(extra: dict[str, str]) -> dict[str, str]:
-    """The kernel's environment: what the course needs, none of the grader's other variables (tokens...)."""
-    kept = {k: v for k, v in os.environ.items() if k in KEPT_ENV or k.startswith(KEPT_ENV_PREFIXES)}
-    return {**kept, **extra}
-
-
 def thread_env(threads: int | None) -> dict[str, str]:
     """The variables that give a kernel ``threads`` torch threads (none: the kernel chooses)."""
     if threads is None:
@@ -236,15 +231,16 @@ def thread_env(threads: int | None) -> dict[str, str]:
 
 
 def _run_and_check(nb: nbformat.NotebookNode, exercises: list[Exercise], timeout: int, total_timeout: int,
-                   limits: Limits, threads: int | None, key: GradingKey) -> tuple[_Run, dict[str, CheckResult]]:
+                   limits: Limits, threads: int | None, key: GradingKey,
+                   isolation: Isolation | None) -> tuple[_Run, dict[str, CheckResult]]:
     with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:  # random name, mode 700
         work, control = Path(tmp) / "work", Path(tmp) / "control"
         work.mkdir(mode=0o700)
         control.mkdir(mode=0o700)
         with CheckServer(control, exercises, timeout, measures(key)) as server:
-            env = _minimal_env({**server.env(), AUTOFILL_ENV: "0", "COURSE_FAST": "1", "TMPDIR": str(work),
-                                PROGRESS_ENV: "off", **thread_env(threads)})  # nobody watches these bars
-            run = _execute(nb, work, control, env, timeout, total_timeout, limits)
+            env = kernel_env(work, {**server.env(), AUTOFILL_ENV: "0", "COURSE_FAST": "1", PROGRESS_ENV: "off",
+                                    **thread_env(threads)})  # nobody watches these bars
+            run = _execute(nb, work, control, env, timeout, total_timeout, limits, isolation)
         return run, server.snapshot()
 
 
@@ -257,14 +253,24 @@ def _failed_cells(nb: nbformat.NotebookNode, run: _Run) -> str:
 
 
 def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | None = None,
-                     limits: Limits | None = None, threads: int | None = None, *, key: GradingKey) -> list[dict]:
+                     limits: Limits | None = None, threads: int | None = None, *, key: GradingKey,
+                     isolation: Isolation | None) -> list[dict]:
     """Execute one submitted notebook and return one row per exercise of its notebook.
 
     ``timeout``: seconds each cell may run; ``total_timeout``: seconds the whole notebook may run
     (default 6 x ``timeout``); ``limits``: the sandbox's (default: CPU time 2 x ``total_timeout``);
     ``threads``: torch threads of the kernel (default: the notebook chooses); ``key``: the grading key of the
-    release the submission was made from. Never raises because of the submission's content.
+    release the submission was made from; ``isolation``: the walls the kernel runs in (``find_isolation()``), or
+    None for no walls, which every row records (``isolation``). Never raises because of the submission's content.
     """
+    rows = _grade_rows(sub, timeout, total_timeout, limits, threads, key, isolation)
+    for row in rows:
+        row["isolation"] = SANDBOXED if isolation is not None else NO_SANDBOX
+    return rows
+
+
+def _grade_rows(sub: Submission, timeout: int, total_timeout: int | None, limits: Limits | None,
+                threads: int | None, key: GradingKey, isolation: Isolation | None) -> list[dict]:
     if timeout < 1:
         raise ValueError(f"timeout must be at least 1 second, got {timeout}")
     total_timeout = 6 * timeout if total_timeout is None else total_timeout
@@ -285,7 +291,7 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
         return [_row(sub, ex.id, 0, ex.points, "duplicate", sub.problem, digest) for ex in exercises]
     try:
         nb = nbformat.reads(sub.path.read_text(encoding="utf-8"), as_version=4)
-        run, results = _run_and_check(nb, exercises, timeout, total_timeout, limits, threads, key)
+        run, results = _run_and_check(nb, exercises, timeout, total_timeout, limits, threads, key, isolation)
     except Exception as e:  # unreadable notebook or a kernel that would not start
         return [_row(sub, ex.id, 0, ex.points, "error", f"the notebook could not be run: {type(e).__name__}: {e}",
                      digest) for ex in exercises]
@@ -311,21 +317,30 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
 def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None = None, layout: str = "folders",
           limits: Limits | None = None, gradebook: Gradebook | None = None,
           progress: Callable[[str], None] | None = None, stop: threading.Event | None = None, jobs: int = 1,
-          threads: int | None = None, shard: Shard | None = None, *, key: Path) -> list[dict]:
+          threads: int | None = None, shard: Shard | None = None, *, key: Path,
+          sandbox: bool | Isolation = True) -> list[dict]:
     """Grade every submission found under ``paths`` (with ``shard``, only that shard's); with ``gradebook``,
     skip the unchanged submissions it already holds and write it after each submission (and, with ``shard``,
     the shard's record beside it). Returns the rows in the gradebook's order (the gradebook's, when given).
 
     ``jobs``: submissions graded at once (each in its own grading process when more than one), each kernel
     with ``threads`` torch threads; the rows do not depend on either. ``key``: the grading key file that release
-    wrote (read before anything is graded). ``stop``: set by a signal handler; the
-    submission being graded then is not recorded, whatever its interrupted run returned, and
-    ``KeyboardInterrupt`` is raised."""
+    wrote (read before anything is graded). ``sandbox``: every kernel inside its own walls
+    (``course.instructor.grading.isolation``, or the ``Isolation`` given); ``IsolationUnavailable`` before
+    anything is graded when they cannot be set up here, or when the key or a submission folder would be inside
+    what the kernels see; False grades without walls (trusted submissions only; every row says so). ``stop``:
+    set by a signal handler; the submission being graded then is not recorded, whatever its interrupted run
+    returned, and ``KeyboardInterrupt`` is raised."""
     if not sys.platform.startswith("linux"):
         raise ValueError("grading needs Linux (the sandbox uses prctl and /proc): run it in a Linux container or VM")
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     grading_key = read_key(key)
+    isolation = sandbox if isinstance(sandbox, Isolation) else find_isolation() if sandbox else None
+    if isolation is not None:
+        isolation.check_absent("the grading key", Path(key))
+        for path in paths:
+            isolation.check_absent("the submissions folder", Path(path))
     mine = [sub for sub in find_submissions(paths, layout) if shard is None or shard.holds(sub)]
     if shard is not None and gradebook is not None:
         write_record(gradebook.folder, shard, [str(p) for p in paths], layout, mine, complete=False)
@@ -340,11 +355,12 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
     jobs = min(jobs, len(todo))
     with ExitStack() as stack:
         if jobs <= 1:
-            finished = ((sub, grade_submission(sub, timeout, total_timeout, limits, threads, key=grading_key))
+            finished = ((sub, grade_submission(sub, timeout, total_timeout, limits, threads, key=grading_key,
+                                               isolation=isolation))
                         for sub in _announce(todo, progress))
         else:
-            finished = stack.enter_context(GradingPool(jobs, timeout, total_timeout, limits, threads, key)).grade(
-                todo, progress)
+            finished = stack.enter_context(GradingPool(jobs, timeout, total_timeout, limits, threads, key,
+                                                       isolation)).grade(todo, progress)
         for sub, new in finished:
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt

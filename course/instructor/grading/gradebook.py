@@ -25,7 +25,7 @@ __all__ = ["COLUMNS", "GradebookError", "Gradebook", "csv_cell", "file_digest", 
            "totals", "format_gradebook"]
 
 COLUMNS = ("student", "notebook", "exercise", "points", "max_points", "status", "feedback", "submission", "sha256",
-           "cells_failed")
+           "cells_failed", "isolation")
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from course.instructor.grading.isolation import Isolation
 from course.instructor.grading.sandbox import Limits
 from course.instructor.grading.submissions import Submission
 
@@ -42,10 +43,11 @@ class GradingPool:
     Use it as a context manager: leaving the block stops every process (and, with it, its kernel)."""
 
     def __init__(self, jobs: int, timeout: int, total_timeout: int | None, limits: Limits | None,
-                 threads: int | None, key: Path) -> None:
+                 threads: int | None, key: Path, isolation: Isolation | None) -> None:
         self.settings = json.dumps({"timeout": timeout, "total_timeout": total_timeout, "threads": threads,
                                     "limits": dataclasses.asdict(limits) if limits else None,
-                                    "key": str(Path(key).resolve())})
+                                    "key": str(Path(key).resolve()),
+                                    "isolation": isolation.to_json() if isolation is not None else None})
         self.jobs = jobs
         self.processes: list[subprocess.Popen] = []
 

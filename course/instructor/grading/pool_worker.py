@@ -45,18 +45,20 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from course.instructor.grading.grade import grade_submission
+    from course.instructor.grading.isolation import Isolation
     from course.instructor.grading.key import read_key
 
     if settings["threads"]:
         torch.set_num_threads(settings["threads"])
     limits = Limits(**settings["limits"]) if settings["limits"] else None
     key = read_key(Path(settings["key"]))
+    isolation = Isolation.from_json(settings["isolation"]) if settings["isolation"] else None
     try:
         while line := sys.stdin.readline():
             task = json.loads(line)
             sub = Submission(Path(task["path"]), task["student"], task["notebook"], task["problem"])
             rows = grade_submission(sub, settings["timeout"], settings["total_timeout"], limits, settings["threads"],
-                                    key=key)
+                                    key=key, isolation=isolation)
             if stopping:  # interrupted: whatever the run returned is not a grade
                 return 130
             answers.write(json.dumps(rows, ensure_ascii=False) + "\n")

@@ -13,7 +13,8 @@
 SIGINT is ignored by the supervisor: the kernel manager sends interrupts to the whole process group.
 ``SandboxedKernelManager`` is the Jupyter kernel manager that starts kernels this way;
 ``stop_sandbox`` asks the supervisor to clean up before the kernel manager shuts the kernel down.
-These limits protect the grading run; they are not a security boundary (see docs/grading.md).
+These limits protect the grading run; the wall that keeps grading material out of the kernel's world is
+``course.instructor.grading.isolation`` (bubblewrap), which the supervisor starts the kernel in.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jupyter_client import AsyncKernelManager
+
+from course.instructor.grading.isolation import Isolation
 
 __all__ = ["Limits", "SandboxedKernelManager", "stop_sandbox", "descendants", "main"]
 
@@ -155,12 +158,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class SandboxedKernelManager(AsyncKernelManager):
-    """A kernel manager whose kernels run under the sandbox supervisor with ``limits``."""
+    """A kernel manager whose kernels run under the sandbox supervisor with ``limits`` and, with ``isolation``,
+    inside its walls (seeing only the ``writable`` folders besides the read-only ones, working in ``workdir``)."""
 
     limits: Limits = Limits()
+    isolation: Isolation | None = None
+    writable: tuple[Path, ...] = ()
+    workdir: Path | None = None
+
+    @property
+    def kernel_spec(self):  # type: ignore[override]
+        spec = super().kernel_spec
+        if spec is not None and self.isolation is not None:
+            # a signal to the kernel's process group would reach bwrap outside the walls, not the kernel inside:
+            # interrupts go as a message on the control channel, which the kernel turns into its own SIGINT
+            spec.interrupt_mode = "message"
+        return spec
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         cmd = super().format_kernel_cmd(extra_arguments)
+        if self.isolation is not None:
+            cmd = self.isolation.command(cmd, list(self.writable), self.workdir or self.writable[0])
         return [sys.executable, "-m", "course.instructor.grading.sandbox", *self.limits.args(), "--", *cmd]
 
 
