@@ -26,10 +26,11 @@ from typing import Any
 from course.exercises import wire
 from course.exercises.shortcuts import call_watching, code_objects
 
-__all__ = ["SOCKET_ENV", "TOKEN_ENV", "RemoteObject", "serve", "grading"]
+__all__ = ["SOCKET_ENV", "TOKEN_ENV", "ABSENT", "RemoteObject", "serve", "grading", "answer_calls", "absent_name"]
 
 SOCKET_ENV = "COURSE_GRADER_SOCKET"
 TOKEN_ENV = "COURSE_GRADER_TOKEN"
+ABSENT = "is not available while this exercise is graded"  # what a stripped shortcut raises (course.exercises.replay)
 
 
 def grading() -> bool:
@@ -98,14 +99,35 @@ def _where(e: BaseException) -> str:
     return next((f"line {f.lineno}" for f in reversed(frames) if "course" not in f.filename), "")
 
 
+def absent_name(e: BaseException | None) -> str:
+    """The shortcut named by an ``ABSENT`` error in ``e`` or the exceptions it came from ('' when none)."""
+    seen = 0
+    while e is not None and seen < 20:
+        text = str(e)
+        if ABSENT in text:
+            return text.split(ABSENT)[0].strip()[-200:]
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return ""
+
+
 def _answer(sock: socket.socket, fn: Callable, call_id: int, args: Any, kwargs: Any, codes: dict) -> None:
     try:
         result, reached = call_watching(fn, _incoming(sock, args), _incoming(sock, kwargs), codes)
     except Exception as e:
         wire.send(sock, ("raised", call_id, type(e).__name__, str(e)[:500], _where(e),
-                         getattr(e, "_course_reached", None) or "", isinstance(e, NotImplementedError)))
+                         getattr(e, "_course_reached", None) or absent_name(e), isinstance(e, NotImplementedError)))
         return
     wire.send(sock, ("returned", call_id, _outgoing(result), reached or ""))
+
+
+def answer_calls(sock: socket.socket, fn: Callable, codes: dict) -> None:
+    """Answer the grader's ``call`` messages with ``fn`` until it says anything else."""
+    while True:
+        message = wire.recv(sock)
+        if message[0] != "call":
+            return
+        _, call_id, args, kwargs = message
+        _answer(sock, fn, call_id, args, kwargs, codes)
 
 
 def serve(exercise_id: str, fn: Callable, shortcuts: tuple = ()) -> None:
@@ -125,11 +147,6 @@ def serve(exercise_id: str, fn: Callable, shortcuts: tuple = ()) -> None:
     with sock:
         try:
             wire.send(sock, ("hello", token, exercise_id, is_shortcut))
-            while True:
-                message = wire.recv(sock)
-                if message[0] != "call":
-                    return
-                _, call_id, args, kwargs = message
-                _answer(sock, fn, call_id, args, kwargs, codes)
+            answer_calls(sock, fn, codes)
         except (wire.WireError, OSError):
             return

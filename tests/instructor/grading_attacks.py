@@ -69,16 +69,17 @@ FORWARD_QUIETLY = {
     for name in ("attention_step", "kv_cache_bytes", "generate_greedy")
 }
 
-# A detached process (new session, double fork) that outlives the kernel and attacks the next
+# A detached process (new session, double fork) that tries to outlive the kernel and attack the next
 # submissions: "wrong" records into the old grader's record files, garbage answers on the new
-# grader's sockets (found through /proc/*/environ).
+# grader's sockets (found through /proc/*/environ). Its cell raises unless the daemon started (its pid file in
+# the kernel's scratch folder), so a submission whose cells all ran proves it did.
 SABOTAGE = '''
 import subprocess, sys, textwrap
 _daemon = textwrap.dedent(r"""
     import glob, json, os, socket, sys, time
     if os.fork():
         os._exit(0)
-    with open(%r, "w") as f:
+    with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "daemon.pid"), "w") as f:
         f.write(str(os.getpid()))
     mine = os.environ.get("COURSE_GRADER_SOCKET")
     wrong = "".join(json.dumps({"exercise": e, "status": "wrong", "points": 0, "max_points": 1,
@@ -120,10 +121,12 @@ _daemon = textwrap.dedent(r"""
 subprocess.Popen([sys.executable, "-c", _daemon], start_new_session=True,
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 import os, time
-for _ in range(100):  # until the daemon is on its own
-    if os.path.exists(%r):
+for _ in range(200):  # until the daemon is on its own
+    if os.path.exists(os.path.join(os.environ.get("TMPDIR", "/tmp"), "daemon.pid")):
         break
     time.sleep(0.05)
+else:
+    raise RuntimeError("the daemon never started")
 '''
 
 NEVER_ENDS = """
@@ -142,14 +145,14 @@ for _ in range(100):
 """
 
 
-def build_class(root: Path, pid_file: Path) -> dict[str, int]:
+def build_class(root: Path) -> dict[str, int]:
     """The attack submissions under ``root``; returns the correct points (of ``POINTS``) per student."""
     submission(root / "a_honest", SOLUTION)
     submission(root / "b_patcher", BLANK, first_cell=PATCH_THE_CHECKER)
     submission(root / "c_forger", BLANK, extra_cell=FORGE_RECORDS)
     submission(root / "d_forwarder", SOLUTION, FORWARD)
     submission(root / "e_quiet_forwarder", SOLUTION, FORWARD_QUIETLY)
-    submission(root / "f_saboteur", SOLUTION, extra_cell=SABOTAGE % (str(pid_file), EXERCISES, EXERCISES, str(pid_file)))
+    submission(root / "f_saboteur", SOLUTION, extra_cell=SABOTAGE % (EXERCISES, EXERCISES))
     submission(root / "g_never_ends", SOLUTION, extra_cell=NEVER_ENDS)
     submission(root / "h_flooder", SOLUTION, extra_cell=FLOOD)
     submission(root / "i_victim", SOLUTION)

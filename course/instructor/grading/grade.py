@@ -57,6 +57,7 @@ from course.instructor.grading.remote import CheckResult, CheckServer
 from course.instructor.grading.sandbox import Limits, SandboxedKernelManager, stop_sandbox
 from course.instructor.grading.scan import grader_internals
 from course.instructor.grading.shards import Shard, write_record
+from course.instructor.grading.stripped import second_checks
 from course.instructor.grading.submissions import UNKNOWN_STUDENT, Submission, find_submissions
 from course.progress import PROGRESS_ENV
 from course.threads import THREADS_ENV
@@ -237,11 +238,12 @@ def _run_and_check(nb: nbformat.NotebookNode, exercises: list[Exercise], timeout
         work, control = Path(tmp) / "work", Path(tmp) / "control"
         work.mkdir(mode=0o700)
         control.mkdir(mode=0o700)
+        settings = {AUTOFILL_ENV: "0", "COURSE_FAST": "1", PROGRESS_ENV: "off", **thread_env(threads)}
         with CheckServer(control, exercises, timeout, measures(key)) as server:
-            env = kernel_env(work, {**server.env(), AUTOFILL_ENV: "0", "COURSE_FAST": "1", PROGRESS_ENV: "off",
-                                    **thread_env(threads)})  # nobody watches these bars
+            env = kernel_env(work, {**server.env(), **settings})  # nobody watches these bars
             run = _execute(nb, work, control, env, timeout, total_timeout, limits, isolation)
-        return run, server.snapshot()
+    return run, second_checks(nb, exercises, server.snapshot(), isolation=isolation, time_limit=timeout, limits=limits,
+                              extra_env=settings, measures=measures(key))
 
 
 def _failed_cells(nb: nbformat.NotebookNode, run: _Run) -> str:

@@ -33,8 +33,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Isolation", "IsolationUnavailable", "find_isolation", "bwrap_binary", "kernel_env", "NO_SANDBOX",
-           "SANDBOXED"]
+__all__ = ["Isolation", "IsolationUnavailable", "find_isolation", "bwrap_binary", "kernel_env", "course_dir",
+           "NO_SANDBOX", "SANDBOXED"]
 
 SANDBOXED = "bubblewrap"  # the gradebook's ``isolation`` for a kernel graded inside the wall
 NO_SANDBOX = "none (--no-sandbox)"
@@ -61,7 +61,8 @@ def bwrap_binary() -> Path | None:
         return Path(found) if found else None
 
 
-def _course_dir() -> Path:
+def course_dir() -> Path:
+    """The folder of the ``course`` package this process runs."""
     import course
 
     return Path(course.__file__).resolve().parent
@@ -107,9 +108,12 @@ class Isolation:
     def from_json(cls, data: dict) -> Isolation:
         return cls(Path(data["bwrap"]), tuple(Path(p) for p in data["read_only"]))
 
-    def command(self, argv: list[str], writable: list[Path], workdir: Path) -> list[str]:
+    def command(self, argv: list[str], writable: list[Path], workdir: Path,
+                over: dict[Path, Path] | None = None) -> list[str]:
         """``argv`` run inside a fresh sandbox that sees ``writable`` (each at its own path) and nothing of this
-        machine but the read-only folders; its working directory is ``workdir``."""
+        machine but the read-only folders; its working directory is ``workdir``. ``over``: folders (inside path ->
+        folder of this machine) shown, read-only, in place of what is there."""
+        over = over or {}
         cmd = [str(self.bwrap), "--unshare-all", "--die-with-parent", "--cap-drop", "ALL",
                "--uid", "1000", "--gid", "1000", "--hostname", "grading",
                "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
@@ -122,7 +126,10 @@ class Isolation:
             if os.path.exists(f"/etc/{name}"):
                 cmd += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
         for folder in self.read_only:
-            cmd += ["--ro-bind", str(folder), str(folder)]
+            if folder not in over:
+                cmd += ["--ro-bind", str(folder), str(folder)]
+        for inside, source in over.items():
+            cmd += ["--ro-bind", str(source), str(inside)]
         for folder in writable:
             cmd += ["--bind", str(folder), str(folder)]
         # the kernel's parent inside is the sandbox's init, not the grader: a kernel told the grader's pid would
@@ -144,10 +151,10 @@ def kernel_env(scratch: Path, extra: dict[str, str]) -> dict[str, str]:
     The same with or without the sandbox."""
     from course.assets import cache_dir
 
-    course_dir, course_cache, hub_cache = _course_dir(), cache_dir().resolve(), _hub_cache()
+    package, course_cache, hub_cache = course_dir(), cache_dir().resolve(), _hub_cache()
     env = {"PATH": f"{Path(sys.prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": str(scratch),
            "TMPDIR": str(scratch), "LANG": "C.UTF-8", "MPLCONFIGDIR": str(scratch / ".matplotlib"),
-           "PYTHONPATH": str(course_dir.parent), "COURSE_CACHE": str(course_cache),
+           "PYTHONPATH": str(package.parent), "COURSE_CACHE": str(course_cache),
            "HF_HOME": str(scratch / ".huggingface"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "PYTHONDONTWRITEBYTECODE": "1"}
     if sys.prefix != sys.base_prefix:
@@ -189,7 +196,7 @@ def find_isolation() -> Isolation:
     from course.assets import cache_dir
 
     hub = _hub_cache()
-    read_only = _existing([Path(sys.base_prefix), Path(sys.prefix), _course_dir(), cache_dir(),
+    read_only = _existing([Path(sys.base_prefix), Path(sys.prefix), course_dir(), cache_dir(),
                            hub if hub.is_dir() else None])
     isolation = Isolation(bwrap, tuple(read_only))
     with tempfile.TemporaryDirectory(prefix="course-probe-") as tmp:
