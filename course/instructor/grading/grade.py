@@ -311,7 +311,8 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
 def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None = None, layout: str = "folders",
           limits: Limits | None = None, gradebook: Gradebook | None = None,
           progress: Callable[[str], None] | None = None, stop: threading.Event | None = None, jobs: int = 1,
-          threads: int | None = None, shard: Shard | None = None, *, key: Path) -> list[dict]:
+          threads: int | None = None, shard: Shard | None = None, *, key: Path,
+          similarity: bool = True) -> list[dict]:
     """Grade every submission found under ``paths`` (with ``shard``, only that shard's); with ``gradebook``,
     skip the unchanged submissions it already holds and write it after each submission (and, with ``shard``,
     the shard's record beside it). Returns the rows in the gradebook's order (the gradebook's, when given).
@@ -320,7 +321,9 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
     with ``threads`` torch threads; the rows do not depend on either. ``key``: the grading key file that release
     wrote (read before anything is graded). ``stop``: set by a signal handler; the
     submission being graded then is not recorded, whatever its interrupted run returned, and
-    ``KeyboardInterrupt`` is raised."""
+    ``KeyboardInterrupt`` is raised. ``similarity``: with ``gradebook`` and without ``shard``, write the similarity
+    report of every submission found (graded now or kept) beside the gradebook when grading ends
+    (``course.instructor.grading.similarity``; ``gradebook merge --key`` writes a sharded class's)."""
     if not sys.platform.startswith("linux"):
         raise ValueError("grading needs Linux (the sandbox uses prctl and /proc): run it in a Linux container or VM")
     if jobs < 1:
@@ -353,6 +356,11 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
                 gradebook.replace(str(sub.path), new)
     if shard is not None and gradebook is not None:
         write_record(gradebook.folder, shard, [str(p) for p in paths], layout, mine, complete=True)
+    if similarity and gradebook is not None and shard is None:
+        from course.instructor.grading.similarity import Entry, write_similarity
+
+        write_similarity(gradebook.folder, [Entry(sub.student, sub.notebook, sub.path) for sub in mine
+                                            if sub.problem is None and sub.notebook], grading_key)
     return gradebook.rows if gradebook is not None else in_order(rows)
 
 
