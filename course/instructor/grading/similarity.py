@@ -193,7 +193,7 @@ def _score(notebook: str, a: str, b: str, fa, fb, threshold: float) -> Pair | No
     if score < min(LISTED, threshold):
         return None
     return Pair(notebook, a, b, round(score, 3), round(share_a, 3), round(share_b, 3), int(overlap),
-                score >= threshold and overlap >= MIN_OVERLAP, _lines_at(fa.raw_code, slices_a),
+                bool(score >= threshold and overlap >= MIN_OVERLAP), _lines_at(fa.raw_code, slices_a),
                 _lines_at(fb.raw_code, slices_b))
 
 
