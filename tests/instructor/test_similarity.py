@@ -159,3 +159,31 @@ def test_grade_writes_the_report_of_every_submission_also_when_it_resumes(tmp_pa
     assert _flagged(report) == {frozenset(("bo", "eve"))}
     grading.grade([root], gradebook=Gradebook(tmp_path / "book2"), key=key, similarity=False)
     assert not (tmp_path / "book2" / "similarity.json").exists()
+
+
+def test_shards_write_no_report_and_their_merge_with_the_key_writes_the_class(tmp_path, monkeypatch, capsys):
+    from course.__main__ import main
+    from course.instructor.grading import grade as grading
+    from course.instructor.grading.gradebook import Gradebook, file_digest
+    from course.instructor.grading.shards import Shard
+
+    def graded(sub, *args, **kwargs):
+        return [dict(student=sub.student, notebook=sub.notebook, exercise="01.kv_cache_bytes", points=1,
+                     max_points=1, status="pass", feedback="", submission=str(sub.path),
+                     sha256=file_digest(sub.path), cells_failed="")]
+
+    monkeypatch.setattr(grading, "grade_submission", graded)
+    key = tmp_path / "key.json"
+    write_key(KEY, key)
+    root = tmp_path / "class"
+    _class(root, {"ada": filled(HONEST["ada"]), "bo": filled(HONEST["bo"]), "eve": filled(DISGUISED_BO),
+                  "fay": pasted_solution()})
+    for index in range(2):
+        grading.grade([root], gradebook=Gradebook(tmp_path / f"shard-{index}"), key=key, shard=Shard(index, 2))
+        assert not (tmp_path / f"shard-{index}" / "similarity.json").exists()  # a shard sees part of the class
+    assert main(["gradebook", "merge", str(tmp_path / "shard-0"), str(tmp_path / "shard-1"), "--out",
+                 str(tmp_path / "all"), "--key", str(key)]) == 0
+    report = json.loads((tmp_path / "all" / "similarity.json").read_text())
+    assert report["notebooks"]["01"]["submissions"] == 4
+    assert _flagged(report) == {frozenset(("bo", "eve")), frozenset(("fay", COURSE))}
+    assert "2 flagged pair(s)" in capsys.readouterr().out
