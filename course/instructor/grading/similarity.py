@@ -289,6 +289,10 @@ def entries_from_rows(rows: list[dict]) -> list[Entry]:
 
 
 # ----------------------------------------------------------------------------- files
+def _whose(student: str) -> str:
+    return "the course's solutions'" if student == COURSE else f"{student}'s"
+
+
 def format_markdown(report: dict) -> str:
     """The flagged pairs for a reader: one section per pair, its score and the lines they share."""
     flagged = [p for p in report["pairs"] if p["flagged"]]
@@ -306,8 +310,8 @@ def format_markdown(report: dict) -> str:
         lines.append("No pair is flagged.")
     for p in flagged:
         lines += [f"## {p['notebook']}: {p['student_a']} and {p['student_b']}: score {p['score']:.2f}", "",
-                  f"{p['share_a']:.0%} of {p['student_a']}'s written code is found in {p['student_b']}'s, "
-                  f"{p['share_b']:.0%} of {p['student_b']}'s in {p['student_a']}'s.", ""]
+                  f"{p['share_a']:.0%} of {_whose(p['student_a'])} written code is found in {_whose(p['student_b'])}, "
+                  f"{p['share_b']:.0%} of {_whose(p['student_b'])} in {_whose(p['student_a'])}.", ""]
         if p["submission_a"]:
             lines += [f"- {p['submission_a']}" + (f"\n- {p['submission_b']}" if p["submission_b"] else ""), ""]
         if p["lines_a"]:
