@@ -1,5 +1,5 @@
 """``bench``: speed and memory of the policies, and, instead, the notebooks' wall times, threads, grading
-throughput, transformers' cache or the quantized store's peer."""
+throughput, the similarity report's time, transformers' cache or the quantized store's peer."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     what.add_argument("--grading", action="store_true",
                       help="instead: grade --copies submissions once per --jobs value; submissions per minute, "
                            "CPU time per submission and a class's projection -> docs/grading.md")
+    what.add_argument("--similarity", action="store_true",
+                      help="instead: time the similarity report for --students synthetic submissions of notebook 01 "
+                           "and of every notebook (no kernel, no grading)")
     what.add_argument("--transformers-cache", action="store_true",
                       help="instead: per-token decode of transformers with the course's StreamingLLM cache vs its "
                            "plain DynamicCache, and the course's decode vs transformers' -> docs/benchmarks.md")
@@ -35,6 +38,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", nargs="+", default=None, metavar="NN",
                    help="with --notebooks: run only the notebooks with these numbers (e.g. --only 01 05); the "
                         "table keeps the others' earlier times")
+    p.add_argument("--students", type=positive_int, default=500,
+                   help="with --similarity: synthetic submissions per notebook (default 500)")
     p.add_argument("--copies", type=positive_int, default=8, help="with --grading: submissions per run (default 8)")
     p.add_argument("--jobs", type=jobs_count, nargs="+", default=None,
                    help="with --grading: the --jobs values to measure (default: 1 and every core)")
@@ -66,6 +71,8 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
     for flag, value in (("--jobs", args.jobs), ("--submission", args.submission)):
         if value is not None and not args.grading:
             raise ValueError(f"{flag} applies to --grading only")
+    if args.students != 500 and not args.similarity:
+        raise ValueError("--students applies to --similarity only")
 
 
 def _bench_notebooks(args: argparse.Namespace) -> dict:
@@ -146,6 +153,22 @@ def _bench_grading(args: argparse.Namespace) -> dict:
     return result | {"projection": projection, "report": str(report)}
 
 
+def _bench_similarity(args: argparse.Namespace) -> dict:
+    import shlex
+
+    from course.instructor import require
+
+    require("bench --similarity", "nbformat", "copydetect")
+    from course.instructor.grading.similarity_bench import bench_similarity, similarity_table
+
+    result = bench_similarity(args.students)
+    command = shlex.join(["python", "-m", "course", "bench", "--similarity"]
+                         + ([] if args.students == 500 else ["--students", str(args.students)]))
+    if not args.json:
+        print(similarity_table(result, command))
+    return result | {"command": command}
+
+
 def _bench_transformers_cache(args: argparse.Namespace) -> dict:
     from pathlib import Path
 
@@ -215,6 +238,8 @@ def _bench(args: argparse.Namespace) -> dict:
         return _bench_threads(args)
     if args.grading:
         return _bench_grading(args)
+    if args.similarity:
+        return _bench_similarity(args)
     if args.transformers_cache:
         return _bench_transformers_cache(args)
     if args.quantized_peer:

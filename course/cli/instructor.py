@@ -121,6 +121,10 @@ def _grade_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sandbox", action="store_true",
                    help="run the kernels without their bubblewrap walls: only for submissions you trust (every "
                         "gradebook row records it; see docs/grading.md)")
+    p.add_argument("--no-similarity", action="store_true",
+                   help="do not write the similarity report (similarity.csv, .json, .md: pairs of submissions, and "
+                        "submissions and the course's solutions, that share code; written beside the gradebook "
+                        "unless --shard)")
     p.add_argument("--json", action="store_true")
 
 
@@ -140,7 +144,8 @@ def _grade(args: argparse.Namespace) -> dict:
 
     from course.instructor import require
 
-    require("grade", "nbformat", "nbclient", "jupyter_client", "ipykernel")
+    require("grade", "nbformat", "nbclient", "jupyter_client", "ipykernel", *(() if args.no_similarity else
+                                                                             ("copydetect",)))
     from course.instructor.grading.gradebook import Gradebook, format_gradebook, totals
     from course.instructor.grading.grade import grade, stop_on_signals
     from course.instructor.grading.isolation import find_isolation
@@ -167,7 +172,8 @@ def _grade(args: argparse.Namespace) -> dict:
             rows = grade(args.paths, args.timeout, args.total_timeout, args.layout, limits, book,
                          progress=None if args.json else lambda line: print(line, flush=True), stop=stopping,
                          jobs=jobs, threads=max(1, cpu_cores() // jobs), shard=shard, key=Path(args.key),
-                         sandbox=isolation if isolation is not None else False)
+                         sandbox=isolation if isolation is not None else False,
+                         similarity=not args.no_similarity)
     except KeyboardInterrupt:
         print(f"interrupted: {book.json_path} and {book.csv_path} hold the submissions graded so far; "
               "run the same command again to grade the rest", file=sys.stderr)
@@ -175,8 +181,26 @@ def _grade(args: argparse.Namespace) -> dict:
     if not args.json:
         print(format_gradebook(rows))
         print(f"wrote {book.csv_path} and {book.json_path}" + (f" (shard {shard})" if shard else ""))
+    similarity = None if args.no_similarity or shard else _similarity_summary(book.folder, args.json)
     return {"rows": rows, "totals": totals(rows), "gradebook": [str(book.csv_path), str(book.json_path)],
-            "jobs": jobs, "shard": str(shard) if shard else None}
+            "jobs": jobs, "shard": str(shard) if shard else None, "similarity": similarity}
+
+
+def _similarity_summary(folder, quiet: bool) -> dict:
+    """What the similarity report in ``folder`` holds: its files and the flagged pairs (printed unless
+    ``quiet``)."""
+    import json
+
+    from course.instructor.grading.similarity import FILES
+
+    report = json.loads((folder / FILES[1]).read_text(encoding="utf-8"))
+    flagged = [p for p in report["pairs"] if p["flagged"]]
+    if not quiet:
+        for p in flagged:
+            print(f"similar: notebook {p['notebook']}, {p['student_a']} and {p['student_b']}: score {p['score']:.2f}")
+        print(f"wrote the similarity report {folder / FILES[2]} ({len(flagged)} flagged pair(s) to review; no grade "
+              "changed)")
+    return {"files": [str(folder / f) for f in FILES], "flagged": flagged}
 
 
 def _gradebook_args(p: argparse.ArgumentParser) -> None:
@@ -186,6 +210,9 @@ def _gradebook_args(p: argparse.ArgumentParser) -> None:
                                        "missing, unfinished or overlapping shards")
     merge.add_argument("shards", nargs="+", metavar="SHARD_DIR", help="the --out folder of every shard")
     merge.add_argument("--out", required=True, help="folder for the merged gradebook.csv and gradebook.json")
+    merge.add_argument("--key", default=None, metavar="FILE",
+                       help="the grading key the shards were graded with: also write the class's similarity report "
+                            "(read from the submissions the gradebook names)")
     merge.add_argument("--json", action="store_true")
 
 
@@ -193,12 +220,28 @@ def _gradebook(args: argparse.Namespace) -> dict:
     from course.instructor.grading.gradebook import totals
     from course.instructor.grading.shards import merge
 
+    key = None
+    if args.key:
+        from pathlib import Path
+
+        from course.instructor import require
+        from course.instructor.grading.key import read_key
+
+        require("gradebook merge --key", "copydetect")
+        key = read_key(Path(args.key))  # an unusable key is reported before anything is written
     book = merge(args.shards, args.out)
     if not args.json:
         people = len(totals(book.rows))
         print(f"merged {len(args.shards)} shards: {len(book.rows)} rows for {people} student(s) in "
               f"{book.csv_path} and {book.json_path}")
-    return {"rows": book.rows, "totals": totals(book.rows), "gradebook": [str(book.csv_path), str(book.json_path)]}
+    similarity = None
+    if key is not None:
+        from course.instructor.grading.similarity import entries_from_rows, write_similarity
+
+        write_similarity(book.folder, entries_from_rows(book.rows), key)
+        similarity = _similarity_summary(book.folder, args.json)
+    return {"rows": book.rows, "totals": totals(book.rows), "gradebook": [str(book.csv_path), str(book.json_path)],
+            "similarity": similarity}
 
 
 # ----------------------------------------------------------------------------- check-outputs

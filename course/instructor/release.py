@@ -14,7 +14,8 @@ solution cells). Each question's check cell gets, by default, its answer and hin
 student practising is told whether an answer is right); with ``hidden_answers`` it gets ``answers="hidden"`` and
 says only whether an answer is well-formed. With ``key_path`` release also writes the grading key
 (``course.instructor.grading.key``): the answers, held-out passages for the capstone drawn now, and the
-fingerprints of the released copies' lines. Keep it from the students; grade with it.
+fingerprints of the released copies' lines (with the solution regions' own lines, for the similarity report).
+Keep it from the students; grade with it.
 
 Release never destroys: it refuses an output folder that is, or contains, the solution folder; it
 only overwrites or deletes a notebook that carries its banner cell (the banner is the record of
@@ -210,8 +211,9 @@ def _check_answers_match(solution_dir: Path, keys: dict[str, QuestionKey]) -> No
 def write_grading_key(solution_dir: Path, copies: dict[str, str], key_path: Path, hidden_answers: bool,
                       seed: int | None = None, passages: int = CAPSTONE_PASSAGES) -> None:
     """The grading key of this release: answers, ``passages`` held-out passages (drawn at random; ``seed``
-    repeats a draw), and the released copies' line fingerprints."""
+    repeats a draw), the released copies' line fingerprints and the solution regions' lines."""
     from course.instructor.grading.key import GradingKey, draw_passages, released_lines, write_key
+    from course.instructor.grading.similarity import solution_lines
 
     keys = load_answer_key(solution_dir)
     _check_answers_match(solution_dir, keys)
@@ -221,8 +223,10 @@ def write_grading_key(solution_dir: Path, copies: dict[str, str], key_path: Path
     except FileNotFoundError as e:
         raise ReleaseError(f"the capstone's held-out passages come from the course's texts: {e}") from None
     notebooks = {name[:2]: released_lines(nbformat.reads(text, as_version=4)) for name, text in copies.items()}
-    write_key(GradingKey({qid: k.entry() for qid, k in keys.items()}, held_out, notebooks, hidden_answers),
-              key_path)
+    solutions = {p.name[:2]: solution_lines(json.loads(p.read_text(encoding="utf-8")), frozenset(notebooks[p.name[:2]]))
+                 for p in _solutions(solution_dir) if p.name[:2] in notebooks}
+    write_key(GradingKey({qid: k.entry() for qid, k in keys.items()}, held_out, notebooks, hidden_answers,
+                         solutions), key_path)
 
 
 def _written_by_release(path: Path) -> bool:

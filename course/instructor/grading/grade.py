@@ -320,7 +320,7 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
           limits: Limits | None = None, gradebook: Gradebook | None = None,
           progress: Callable[[str], None] | None = None, stop: threading.Event | None = None, jobs: int = 1,
           threads: int | None = None, shard: Shard | None = None, *, key: Path,
-          sandbox: bool | Isolation = True) -> list[dict]:
+          sandbox: bool | Isolation = True, similarity: bool = True) -> list[dict]:
     """Grade every submission found under ``paths`` (with ``shard``, only that shard's); with ``gradebook``,
     skip the unchanged submissions it already holds and write it after each submission (and, with ``shard``,
     the shard's record beside it). Returns the rows in the gradebook's order (the gradebook's, when given).
@@ -332,7 +332,9 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
     anything is graded when they cannot be set up here, or when the key or a submission folder would be inside
     what the kernels see; False grades without walls (trusted submissions only; every row says so). ``stop``:
     set by a signal handler; the submission being graded then is not recorded, whatever its interrupted run
-    returned, and ``KeyboardInterrupt`` is raised."""
+    returned, and ``KeyboardInterrupt`` is raised. ``similarity``: with ``gradebook`` and without ``shard``, write
+    the similarity report of every submission found (graded now or kept) beside the gradebook when grading ends
+    (``course.instructor.grading.similarity``; ``gradebook merge --key`` writes a sharded class's)."""
     if not sys.platform.startswith("linux"):
         raise ValueError("grading needs Linux (the sandbox uses prctl and /proc): run it in a Linux container or VM")
     if jobs < 1:
@@ -371,6 +373,11 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
                 gradebook.replace(str(sub.path), new)
     if shard is not None and gradebook is not None:
         write_record(gradebook.folder, shard, [str(p) for p in paths], layout, mine, complete=True)
+    if similarity and gradebook is not None and shard is None:
+        from course.instructor.grading.similarity import Entry, write_similarity
+
+        write_similarity(gradebook.folder, [Entry(sub.student, sub.notebook, sub.path) for sub in mine
+                                            if sub.problem is None and sub.notebook], grading_key)
     return gradebook.rows if gradebook is not None else in_order(rows)
 
 

@@ -7,7 +7,9 @@
 * the capstone's held-out passages, drawn at release from the six novels (book and character offset), so that a
   student cannot tune a policy on them;
 * a fingerprint of every code line of the released copies, so that the grader judges only what a student wrote or
-  changed: lines the course gave are never held against a submission (``course.instructor.grading.scan``).
+  changed: lines the course gave are never held against a submission (``course.instructor.grading.scan``);
+* the code lines of the solution notebooks' solution regions (the course's public solutions), which the similarity
+  report compares every submission with (``course.instructor.grading.similarity``).
 
 Nothing in it is in the installed package. It is plain JSON; keep it where students cannot read it.
 """
@@ -50,12 +52,14 @@ def released_lines(nb: nbformat.NotebookNode) -> list[str]:
 @dataclass
 class GradingKey:
     """questions: exercise id -> ``QuestionKey.entry``; passages: the capstone's [[book, offset], ...];
-    notebooks: notebook number -> ``released_lines`` of its released copy."""
+    notebooks: notebook number -> ``released_lines`` of its released copy; solutions: notebook number -> the code
+    lines of its solution regions (absent from keys written before it existed: read as none)."""
 
     questions: dict[str, dict] = field(default_factory=dict)
     passages: list[list] = field(default_factory=list)
     notebooks: dict[str, list[str]] = field(default_factory=dict)
     hidden_answers: bool = False
+    solutions: dict[str, list[str]] = field(default_factory=dict)
 
     def released(self, notebook: str) -> frozenset[str]:
         return frozenset(self.notebooks.get(notebook, ()))
@@ -99,7 +103,7 @@ def read_key(path: Path) -> GradingKey:
                         "release again")
     try:
         return GradingKey(dict(data["questions"]), list(data["passages"]), dict(data["notebooks"]),
-                          bool(data["hidden_answers"]))
+                          bool(data["hidden_answers"]), dict(data.get("solutions", {})))
     except (KeyError, TypeError, ValueError):
         raise KeyFileError(f"--key {path}: a grading key with missing or malformed fields: release again") from None
 
