@@ -4,7 +4,9 @@
 * ``solution_functions(path)``: the solutions as functions (the notebook's imports and its solution cells' function
   definitions, run in one namespace in notebook order, so that a solution may call an earlier one);
 * ``paste_solutions(student, solution)``: a released student copy filled in as an honest student would, each
-  exercise's region replaced by the solution's lines (markers dropped), nothing else changed.
+  exercise's region replaced by the solution's lines (markers dropped), nothing else changed: a graded copy keeps
+  its own questions (its numbers, its order of options), and a choice is made by the option's text, under the
+  copy's letter for it.
 
 Nothing here is imported by a notebook or installed for students to use: the solutions live in the solution
 notebooks, never in ``course``.
@@ -85,13 +87,59 @@ def solution_functions(path: Path) -> dict[str, Callable]:
     return {ex.id: namespace[ex.name] for ex in cells.values()}
 
 
+def _pieces(source: str, cell_type: str) -> list[str | list[str]]:
+    """A solution cell as release sees it: each line outside a solution region (a str), each region's lines
+    without its markers (a list), in order; a student copy has one line per piece."""
+    from course.instructor.release import BEGIN, END, _is_marker
+
+    pieces: list[str | list[str]] = []
+    region: list[str] | None = None
+    for line in source.split("\n"):
+        if _is_marker(line, BEGIN, cell_type):
+            region = []
+            pieces.append(region)
+        elif _is_marker(line, END, cell_type):
+            region = None
+        elif region is not None:
+            region.append(line)
+        else:
+            pieces.append(line)
+    return pieces
+
+
+def _pasted(student: str, solution: str, cell_type: str) -> str:
+    """The student's cell with each region as the solution has it; the solution's cell, markers dropped, when the
+    two do not line up."""
+    pieces, lines = _pieces(solution, cell_type), student.split("\n")
+    if len(pieces) != len(lines):
+        return without_markers(solution)
+    out: list[str] = []
+    for piece, line in zip(pieces, lines):
+        out.extend(piece if isinstance(piece, list) else [line])
+    return "\n".join(out)
+
+
+_LETTER = re.compile(r"""(return\s+)(["'])([a-e])\2""")
+
+
 def paste_solutions(student: nbformat.NotebookNode, solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The student copy with every cell that had a solution region (code and text) as the solution notebook has
-    it, markers dropped; cells are matched by id. Returns a new notebook."""
+    """The student copy with every solution region (code and text) as the solution notebook has it, markers
+    dropped, each cell's other lines as the copy has them; cells are matched by id. A choice question's answer is
+    the letter the copy prints the solution's option under. Returns a new notebook."""
+    from course.instructor.variants import printed_options
+
     filled = copy.deepcopy(student)
     by_id = {cell.get("id"): cell for cell in solution.cells}
     for cell in filled.cells:
         source = by_id.get(cell.get("id"))
         if source is not None and "BEGIN SOLUTION" in source.source:
-            cell.source = without_markers(source.source)
+            cell.source = _pasted(cell.source, source.source, cell.cell_type)
+    shown, printed = printed_options(filled), printed_options(solution)
+    for qid, ex in exercise_cells(filled).items():
+        if qid in shown and qid in printed:
+            letter_of = {text: letter for letter, text in shown[qid].items()}
+            relettered = {old: letter_of.get(text, old) for old, text in printed[qid].items()}
+            cell = filled.cells[ex.solution]
+            cell.source = _LETTER.sub(lambda m: m.group(1) + m.group(2) + relettered.get(m.group(3), m.group(3))
+                                      + m.group(2), cell.source)
     return filled
