@@ -1,9 +1,10 @@
 """Check your understanding: short questions per notebook, answered by a function that returns the answer.
 
 A question is an exercise like any other (same registry, same ``check``, same grader): the student writes a
-function of no arguments that returns the answer, a letter for a multiple-choice question or a number, and
-``check("02.q_first_eviction", answer, autofill=AUTOFILL)`` checks it. Under the grader only the returned value
-crosses (plain data).
+function that returns the answer, a letter for a multiple-choice question or a number, and
+``check("02.q_first_eviction", answer, autofill=AUTOFILL)`` checks it, calling it without arguments (a number
+question's function takes the question's numbers as arguments with defaults, ``def q1(window=64):``). Under the
+grader only the returned value crosses (plain data).
 
 This module knows the questions' form only (a letter among the options, or a number): the answers and the hints
 for wrong answers are the instructor's (``QuestionKey``, in the answer key beside the solution notebooks). Release
