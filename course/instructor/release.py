@@ -156,9 +156,12 @@ def student_notebook(solution_text: str, solution_name: str, hidden_answers: boo
             cell.outputs = []
             cell.execution_count = None
     if keys:
-        from course.instructor.variants import rewrite_questions
+        from course.instructor.variants import VariantError, rewrite_questions
 
-        rewrite_questions(nb, solution_name, keys, variants)
+        try:
+            rewrite_questions(nb, solution_name, keys, variants)
+        except VariantError as e:
+            raise ReleaseError(str(e)) from None
     nb.cells.insert(0, _banner(solution_name))
     return nbformat.v4.writes(nb) + "\n"
 
@@ -283,10 +286,13 @@ def release(solution_dir: Path, student_dir: Path, hidden_answers: bool = False,
     """
     drawn = None
     if key_path is not None:
-        from course.instructor.variants import draw_variants
+        from course.instructor.variants import VariantError, draw_variants
 
         seed = secrets.randbelow(2**32) if seed is None else seed
-        drawn = draw_variants(load_answer_key(solution_dir), seed) if variants else None
+        try:
+            drawn = draw_variants(load_answer_key(solution_dir), seed) if variants else None
+        except VariantError as e:
+            raise ReleaseError(str(e)) from None
     expected = _expected(solution_dir, hidden_answers, drawn)
     _refuse_destructive(solution_dir, student_dir, expected)
     if key_path is not None:

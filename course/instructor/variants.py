@@ -25,13 +25,17 @@ from dataclasses import dataclass
 import nbformat
 
 from course.exercises.questions import BY_ID, QuestionKey
-from course.instructor.release import ReleaseError
+from course.instructor.solutions import (UNDERSTANDING, exercise_cells, printed_options, question_paragraph,
+                                         split_options, understanding)
 
-__all__ = ["Variant", "draw_variants", "draw", "rewrite_questions", "printed_options", "spells",
+__all__ = ["Variant", "VariantError", "draw_variants", "draw", "rewrite_questions", "printed_options", "spells",
            "UNDERSTANDING", "TRIES"]
 
-UNDERSTANDING = "## Check your understanding"  # the heading of the markdown cell that prints the questions
 TRIES = 1000  # draws of a number question's parameters before release gives up on its template
+
+
+class VariantError(ValueError):
+    """A question whose template, key and notebook disagree (release reports it as a ``ReleaseError``)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ def template_entry(key: QuestionKey, values: dict) -> tuple[dict, str]:
     answer = _plain(_call(t.answer, values))
     texts = list(key.hints.values())
     if len(t.wrong) != len(texts):
-        raise ReleaseError(f"{key.id}: its template has {len(t.wrong)} wrong answers for {len(texts)} hints")
+        raise VariantError(f"{key.id}: its template has {len(t.wrong)} wrong answers for {len(texts)} hints")
     hints = []
     for spec, text in zip(t.wrong, texts):
         formula, text = (spec if isinstance(spec, tuple) else (spec, text))
@@ -121,19 +125,19 @@ def _sensible(key: QuestionKey, values: dict, entry: dict, public: float) -> boo
 
 
 def check_template(key: QuestionKey) -> tuple[dict, str]:
-    """A template on the notebook's own numbers gives the answer key's entry (``ReleaseError`` otherwise);
+    """A template on the notebook's own numbers gives the answer key's entry (``VariantError`` otherwise);
     returns (that entry, the question's text)."""
     entry, text = template_entry(key, defaults(key))
     public = key.entry()
     if not _same(entry["answer"], float(public["answer"]), key.tol):
-        raise ReleaseError(f"{key.id}: its template gives {entry['answer']!r} on the notebook's numbers, the answer "
+        raise VariantError(f"{key.id}: its template gives {entry['answer']!r} on the notebook's numbers, the answer "
                            f"key says {key.answer!r}")
     for (w, h), (pw, ph) in zip(entry["hints"], public["hints"]):
         if not _same(w, float(pw), key.tol) or h != ph:
-            raise ReleaseError(f"{key.id}: its template gives the hint {w!r}: {h!r} on the notebook's numbers, the "
+            raise VariantError(f"{key.id}: its template gives the hint {w!r}: {h!r} on the notebook's numbers, the "
                                f"answer key {pw!r}: {ph!r}")
     if entry["nudge"] != public["nudge"]:
-        raise ReleaseError(f"{key.id}: its template's nudge on the notebook's numbers is not the answer key's")
+        raise VariantError(f"{key.id}: its template's nudge on the notebook's numbers is not the answer key's")
     return entry, text
 
 
@@ -157,7 +161,7 @@ def draw(key: QuestionKey, seed: int) -> Variant:
         if _sensible(key, values, entry, public["answer"]):
             entry["variant"] = {"numbers": values, "question": text}
             return Variant(key.id, entry, numbers=values)
-    raise ReleaseError(f"{key.id}: {TRIES} draws of its template gave no question of its own (answer or hints "
+    raise VariantError(f"{key.id}: {TRIES} draws of its template gave no question of its own (answer or hints "
                        "clash): widen its ranges")
 
 
@@ -167,85 +171,43 @@ def draw_variants(keys: dict[str, QuestionKey], seed: int) -> dict[str, Variant]
 
 
 # ----------------------------------------------------------------------------- the notebooks' side
-def _understanding(nb: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
-    return next((c for c in nb.cells if c.cell_type == "markdown" and UNDERSTANDING in c.source), None)
-
-
-def _paragraph(source: str, number: int) -> re.Match | None:
-    """Question ``number``'s paragraph in the questions' cell: group 1 is its text after ``**number.** ``."""
-    return re.search(rf"^\*\*{number}\.\*\* (.*?)(?=\n[ \t]*\n|\Z)", source, re.S | re.M)
-
-
-def _options(paragraph: str) -> tuple[str, dict[str, str]] | None:
-    """(the question before its options, {letter: option}) of a choice question's paragraph (its options on the
-    last line, ``(a) ...  (b) ...``)."""
-    head, _, last = paragraph.rpartition("\n")
-    if not last.startswith("(a) "):
-        return None
-    parts = re.split(r"  (?=\([a-e]\) )", last)
-    options = {}
-    for part in parts:
-        m = re.fullmatch(r"\(([a-e])\) (.*)", part, re.S)
-        if m is None:
-            return None
-        options[m.group(1)] = m.group(2)
-    return head, options
-
-
-def printed_options(nb: nbformat.NotebookNode) -> dict[str, dict[str, str]]:
-    """{question id: {letter: option}} of every choice question the notebook prints."""
-    from course.instructor.solutions import exercise_cells
-
-    cell = _understanding(nb)
-    out = {}
-    for qid, ex in exercise_cells(nb).items():
-        if qid in BY_ID and BY_ID[qid].kind == "choice" and cell is not None and ex.name[1:].isdigit():
-            m = _paragraph(cell.source, int(ex.name[1:]))
-            parsed = _options(m.group(1)) if m else None
-            if parsed:
-                out[qid] = parsed[1]
-    return out
-
-
 def rewrite_questions(nb: nbformat.NotebookNode, name: str, keys: dict[str, QuestionKey],
                       variants: dict[str, Variant] | None = None) -> None:
     """Check that the notebook prints every question as its key has it (a choice question's options; a templated
     number question's text, and its function's arguments, on the notebook's numbers), and with ``variants`` show
-    each variant instead: its options in its order, its numbers. ``ReleaseError`` names the question otherwise."""
-    from course.instructor.solutions import exercise_cells
-
-    cell = _understanding(nb)
+    each variant instead: its options in its order, its numbers. ``VariantError`` names the question otherwise."""
+    cell = understanding(nb)
     for qid, ex in exercise_cells(nb).items():
         q, key = BY_ID.get(qid), keys.get(qid)
         if q is None or key is None or (q.kind != "choice" and key.numbers is None):
             continue
         where = f"{name}, {qid}"
         number = int(ex.name[1:]) if re.fullmatch(r"q\d+", ex.name) else None
-        m = _paragraph(cell.source, number) if cell is not None and number is not None else None
+        m = question_paragraph(cell.source, number) if cell is not None and number is not None else None
         if m is None:
-            raise ReleaseError(f"{where}: its function {ex.name}() has no paragraph '**N.** ...' under "
+            raise VariantError(f"{where}: its function {ex.name}() has no paragraph '**N.** ...' under "
                                f"'{UNDERSTANDING}' (the question's text)")
         variant = (variants or {}).get(qid)
         if q.kind == "choice":
-            parsed = _options(m.group(1))
+            parsed = split_options(m.group(1))
             if parsed is None or "".join(parsed[1]) != q.options:
-                raise ReleaseError(f"{where}: its paragraph must end with its options on one line, "
+                raise VariantError(f"{where}: its paragraph must end with its options on one line, "
                                    f"'(a) ...  (b) ...', one for each of {', '.join(q.options)}")
             head, options = parsed
             if key.choices and tuple(options.values()) != key.choices:
-                raise ReleaseError(f"{where}: the options printed are not the answer key's choices")
+                raise VariantError(f"{where}: the options printed are not the answer key's choices")
             if variant is not None:
                 shown = "  ".join(f"({new}) {options[old]}" for new, old in zip("abcde", variant.order))
                 cell.source = cell.source[:m.start(1)] + head + "\n" + shown + cell.source[m.end(1):]
             continue
         _, text = check_template(key)
         if m.group(1) != text:
-            raise ReleaseError(f"{where}: the question printed is not its template's text on the notebook's numbers:"
+            raise VariantError(f"{where}: the question printed is not its template's text on the notebook's numbers:"
                                f"\n  printed:  {m.group(1)!r}\n  template: {text!r}")
         code = nb.cells[ex.solution]
         line = signature_line(ex.name, key, defaults(key))
         if line not in code.source.split("\n"):
-            raise ReleaseError(f"{where}: its function must take the question's numbers as arguments: {line}")
+            raise VariantError(f"{where}: its function must take the question's numbers as arguments: {line}")
         if variant is not None:
             drawn = variant.numbers
             cell.source = cell.source[:m.start(1)] + _call(key.numbers.text, drawn) + cell.source[m.end(1):]
