@@ -5,9 +5,29 @@ practising get feedback). Release stops when an answer here and the solution not
 
 The questions are about concepts and arithmetic that hold for every model of the course (GPT-2 and SmolLM2 alike),
 never about one model's measurements.
+
+A graded release (``release --key``) asks each question in a variant of its own: a choice question's options in
+another order, a number question with a template (``numbers=Numbers(...)``) with other numbers. A template names
+each number the question shows, with its value here and the values a variant may take, and gives the answer, the
+typical wrong answers (one per hint, in order) and the question's text as formulas of them; release checks that on
+the values here they give this key's answer, hints and the notebook's text.
 """
 
+from course.exercises.questions import Numbers
 from course.exercises.questions import QuestionKey as Key
+
+_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+
+
+def _spaced(n: int) -> str:
+    """100000 -> '100 000'."""
+    return f"{n:,}".replace(",", " ")
+
+
+def _zeros(n: int) -> str:
+    """3 -> '0, 0 and 0'."""
+    return ", ".join(["0"] * (n - 1)) + " and 0"
+
 
 _SINK_HINT = "a head's attention must go somewhere: think of what happens to the share the first token received"
 
@@ -17,12 +37,30 @@ KEY: list[Key] = [
         "multiply: keys and values, layers, KV heads, head size, bytes per number",
         {18432: "check both factors of 2: a key AND a value per head, and 2 bytes per float16 number",
          73728: "float16 numbers take 2 bytes each, not 4",
-         3072: "every layer stores its own keys and values: multiply by the number of layers"}),
+         3072: "every layer stores its own keys and values: multiply by the number of layers"},
+        numbers=Numbers(
+            {"model": ("GPT-2 (124M)", ["A model"]), "layers": (12, range(8, 49, 4)),
+             "kv_heads": (12, [1, 2, 4, 8, 16]), "head_dim": (64, [64, 80, 96, 128])},
+            answer=lambda layers, kv_heads, head_dim: 2 * layers * kv_heads * head_dim * 2,
+            wrong=(lambda answer: answer / 2, lambda answer: answer * 2, lambda answer, layers: answer / layers),
+            text=lambda model, layers, kv_heads, head_dim: (
+                f"{model} has {layers} layers and {kv_heads} KV heads of size {head_dim}. How many bytes does **one "
+                "token** take in its cache in float16? (a number)"))),
     Key("01.q_gqa_factor", 4,
         "the cache holds one key and one value per KV head: compare the numbers of KV heads",
         {8: "the factor is how many query heads share one KV head",
          32: "the factor is how many query heads share one KV head",
-         0.25: "give the factor by which it is smaller (a number greater than 1)"}),
+         0.25: "give the factor by which it is smaller (a number greater than 1)"},
+        numbers=Numbers(
+            {"model": ("Llama-3-8B", ["A model"]), "query_heads": (32, [8, 12, 16, 24, 32, 40, 48, 64]),
+             "kv_heads": (8, [2, 4, 8])},
+            answer=lambda query_heads, kv_heads: query_heads / kv_heads,
+            wrong=(lambda kv_heads: kv_heads, lambda query_heads: query_heads,
+                   lambda query_heads, kv_heads: kv_heads / query_heads),
+            valid=lambda query_heads, kv_heads: query_heads % kv_heads == 0 and query_heads > kv_heads,
+            text=lambda model, query_heads, kv_heads: (
+                f"{model} has {query_heads} query heads and {kv_heads} KV heads per layer. By what factor is its cache "
+                "smaller than that of the same model with one KV head per query head? (a number)"))),
     Key("01.q_what_grows", "b",
         "compare what one cached step computes for the new token with what it reads from the cache",
         {"a": "the weight matrices process one new token per step, whatever the context length",
@@ -47,7 +85,17 @@ KEY: list[Key] = [
         "the window holds positions t - W + 1 .. t: find the first t at which that range no longer starts at 0",
         {63: "at t = 63 the cache holds positions 0..63, exactly W tokens: nothing has been evicted yet",
          65: "one step late: the window holds the W positions t - W + 1 .. t, the new token included",
-         0: "token 0 is evicted only once the cache is full"}),
+         0: "token 0 is evicted only once the cache is full"},
+        numbers=Numbers(
+            {"window": (64, [16, 24, 32, 48, 96, 128, 256, 512])},
+            answer=lambda window: window,
+            wrong=((lambda window: window - 1, lambda window: f"at t = {window - 1} the cache holds positions "
+                    f"0..{window - 1}, exactly W tokens: nothing has been evicted yet"),
+                   lambda window: window + 1, lambda: 0),
+            text=lambda window: (
+                f"A window-only cache keeps the W = {window} most recent tokens, the current one included, and no "
+                f"sinks (`kept_positions(t, {window}, 0)`). At which position t is token 0 missing from the cache for "
+                "the first time? (a number)"))),
     Key("02.q_why_collapse", "d",
         _SINK_HINT,
         {"a": "replacing the first tokens by newlines costs little: their content is not what matters",
@@ -61,7 +109,17 @@ KEY: list[Key] = [
         "after an eviction the softmax renormalises: the remaining weights sum to 1 again",
         {0.1: "the softmax renormalises: the remaining weights must sum to 1",
          0.4: "that is their old total; after renormalising they sum to 1: give one token's weight",
-         0.15: "the share is not added equally: renormalising divides by the remaining total"}, tol=1e-3),
+         0.15: "the share is not added equally: renormalising divides by the remaining total"}, tol=1e-3,
+        numbers=Numbers(
+            {"first": (0.6, [0.3, 0.4, 0.5, 0.6, 0.7, 0.8]), "others": (4, [2, 3, 4, 5, 6, 8])},
+            answer=lambda others: 1 / others,
+            wrong=(lambda first, others: (1 - first) / others, lambda first: 1 - first,
+                   lambda first, others: first / others),
+            valid=lambda first, others: abs(round((1 - first) / others, 3) - (1 - first) / others) < 1e-9,
+            text=lambda first, others: (
+                f"A head puts weight {first:g} on token 0 and {(1 - first) / others:g} on each of {_WORDS[others]} "
+                "other tokens. Token 0 is evicted and the softmax renormalises over what is left. What weight does "
+                "each remaining token get? (a number)"))),
     Key("02.q_newlines", "c",
         "what did the newline tokens have in common with the tokens they replaced?",
         {"a": "a newline carries almost no content",
@@ -94,7 +152,14 @@ KEY: list[Key] = [
         "rotations add up: rotate by the difference between the new and the old position",
         {493: "check the sign: the new position is earlier than the old one",
          7: "rotate by the difference of positions, not to the target position",
-         -7: "rotate by the difference of positions, not to the target position"}),
+         -7: "rotate by the difference of positions, not to the target position"},
+        numbers=Numbers(
+            {"old": (500, range(100, 4001, 10)), "new": (7, range(1, 64))},
+            answer=lambda old, new: new - old,
+            wrong=(lambda old, new: old - new, lambda new: new, lambda new: -new),
+            text=lambda old, new: (
+                f"A cached key was rotated for position {old} and must now sit at position {new}. By how many "
+                "positions must it be rotated? (a signed number: positive moves it later)"))),
     Key("03.q_gpt2", "c",
         "where does GPT-2 add the position to a token's representation?",
         {"a": "the course caches GPT-2's keys and values like any other model's",
@@ -108,7 +173,19 @@ KEY: list[Key] = [
         "a StreamingLLM cache stops growing once its sinks and window are full",
         {819200000: "the cache stops growing once it is full",
          8355840: "the sinks take slots too",
-         32768: "the window takes slots too"}),
+         32768: "the window takes slots too"},
+        numbers=Numbers(
+            {"bytes_per_token": (8192, [2048, 4096, 8192, 16384, 36864, 49152]), "sinks": (4, [1, 2, 4, 8]),
+             "window": (1020, [252, 508, 1020, 2044, 4092]),
+             "tokens": (100_000, [50_000, 100_000, 200_000, 500_000, 1_000_000])},
+            answer=lambda bytes_per_token, sinks, window, tokens: bytes_per_token * min(tokens, sinks + window),
+            wrong=(lambda bytes_per_token, tokens: bytes_per_token * tokens,
+                   lambda bytes_per_token, window: bytes_per_token * window,
+                   lambda bytes_per_token, sinks: bytes_per_token * sinks),
+            text=lambda bytes_per_token, sinks, window, tokens: (
+                f"A model takes {bytes_per_token} bytes per token in its cache. StreamingLLM with {sinks} sinks and a "
+                f"window of {window} has read {_spaced(tokens)} tokens. How many bytes does its cache hold? "
+                "(a number)"))),
     # ------------------------------------------------------------------ 04 · H2O
     Key("04.q_raw_sums", "a",
         "the bias appears even if every query spreads its attention uniformly: count the terms of each sum",
@@ -120,15 +197,40 @@ KEY: list[Key] = [
         {7: "a token attends to itself too",
          3: "causal attention: later queries see earlier keys, not the reverse",
          2: "causal attention: later queries see earlier keys, not the reverse",
-         10: "the queries before position 2 cannot see it"}),
+         10: "the queries before position 2 cannot see it"},
+        numbers=Numbers(
+            {"tokens": (10, range(6, 65)), "position": (2, range(1, 63))},
+            answer=lambda tokens, position: tokens - position,
+            wrong=(lambda answer: answer - 1, lambda position: position + 1, lambda position: position,
+                   (lambda tokens: tokens, lambda position: f"the queries before position {position} cannot see it")),
+            valid=lambda tokens, position: position <= tokens - 3,
+            text=lambda tokens, position: (
+                f"In a prompt of T = {tokens} tokens (positions 0–{tokens - 1}) with causal attention, how many "
+                f"queries attend to the key at position {position}, its own query included? (a number)"))),
     Key("04.q_uniform_mass", 0.1,
         "uniform attention gives every key the same weight",
         {10: "give a share of the attention mass, a number between 0 and 1",
-         1: "with uniform weights every key holds the same share, the top ones included"}, tol=1e-3),
+         1: "with uniform weights every key holds the same share, the top ones included"}, tol=1e-3,
+        numbers=Numbers(
+            {"keys": (100, [40, 50, 100, 200, 400, 500, 1000]), "top_percent": (10, [5, 10, 20, 25, 40])},
+            answer=lambda top_percent: top_percent / 100,
+            wrong=(lambda top_percent: top_percent, lambda: 1),
+            valid=lambda keys, top_percent: keys * top_percent % 100 == 0,
+            text=lambda keys, top_percent: (
+                f"A head attends uniformly to {keys} keys. What share of its attention do the top {top_percent} % of "
+                "keys hold? (a number between 0 and 1; compare with what section 1 measured)"))),
     Key("04.q_gqa_group", 3,
         "the query heads that share a KV head form its group; the group decides together",
         {9: "only the query heads of one group share a KV head",
-         1: "a KV head's keys serve several query heads: all of them count"}),
+         1: "a KV head's keys serve several query heads: all of them count"},
+        numbers=Numbers(
+            {"query_heads": (9, [4, 6, 8, 9, 12, 15, 16, 24, 32]), "kv_heads": (3, [2, 3, 4, 8])},
+            answer=lambda query_heads, kv_heads: query_heads / kv_heads,
+            wrong=(lambda query_heads: query_heads, lambda: 1),
+            valid=lambda query_heads, kv_heads: query_heads % kv_heads == 0 and query_heads > kv_heads,
+            text=lambda query_heads, kv_heads: (
+                f"A model has {query_heads} query heads and {kv_heads} KV heads. H2O keeps one set of tokens per KV "
+                "head: how many query heads' attention is averaged into each KV head's scores? (a number)"))),
     # ------------------------------------------------------------------ 05 · SnapKV
     Key("05.q_question_at_end", "b",
         "who votes in SnapKV, and what do they attend to?",
@@ -143,7 +245,15 @@ KEY: list[Key] = [
         "the capacity is all the slots a KV head keeps, the observation window included",
         {64: "the observation window is always kept and counts towards the capacity",
          80: "the observation window is part of the capacity, not added to it",
-         16: "that is the observation window; how many other positions fit in the capacity?"}),
+         16: "that is the observation window; how many other positions fit in the capacity?"},
+        numbers=Numbers(
+            {"capacity": (64, [32, 48, 64, 128, 256, 512, 1024]), "window": (16, [4, 8, 16, 24, 32, 64])},
+            answer=lambda capacity, window: capacity - window,
+            wrong=(lambda capacity: capacity, lambda capacity, window: capacity + window, lambda window: window),
+            valid=lambda capacity, window: window < capacity,
+            text=lambda capacity, window: (
+                f"SnapKV with capacity {capacity} and an observation window of {window}: how many positions *before* "
+                "the window does each KV head keep? (a number)"))),
     Key("05.q_pooling", "d",
         "pooling runs along the positions: what does it do to the neighbours of a strongly voted token?",
         {"a": "pooling runs along positions; it does not normalise anything",
@@ -157,7 +267,15 @@ KEY: list[Key] = [
         "every query of the window votes, in every query head that shares the KV head",
         {8: "the other query heads of the group vote too",
          4: "every query of the observation window votes, not only the last",
-         12: "the votes of the group's query heads are combined across every query of the window: multiply"}),
+         12: "the votes of the group's query heads are combined across every query of the window: multiply"},
+        numbers=Numbers(
+            {"window": (8, [4, 8, 16, 24, 32, 64]), "group": (4, [2, 3, 4, 5, 6, 7, 8])},
+            answer=lambda window, group: window * group,
+            wrong=(lambda window: window, lambda group: group, lambda window, group: window + group),
+            text=lambda window, group: (
+                f"An observation window of {window} queries, and {group} query heads share each KV head. How many rows "
+                "of attention weights (one per query and query head) contribute to one KV head's votes? "
+                "(a number)"))),
     # ------------------------------------------------------------------ 06 · training a sink token
     Key("06.q_sink_logit", "a",
         "what does a head do when no key is relevant, and what does the extra slot give it instead?",
@@ -167,11 +285,25 @@ KEY: list[Key] = [
     Key("06.q_sink_weight", 1 / 3,
         "w_j = exp(s_j) / (exp(b) + sum_i exp(s_i))",
         {0.5: "the empty slot takes part in the normalisation: exp(b) joins the denominator",
-         0.25: "count the terms of the denominator again: one per real key plus the empty slot"}, tol=1e-3),
+         0.25: "count the terms of the denominator again: one per real key plus the empty slot"}, tol=1e-3,
+        numbers=Numbers(
+            {"keys": (2, [2, 3, 4, 5, 6, 7])},
+            answer=lambda keys: 1 / (keys + 1),
+            wrong=(lambda keys: 1 / keys, lambda keys: 1 / (keys + 2)),
+            text=lambda keys: (
+                f"A head has {_WORDS[keys]} keys with scores {_zeros(keys)} and a sink logit b = 0. What weight does "
+                f"each of the {_WORDS[keys]} keys get? (a number)"))),
     Key("06.q_targets", 10,
         "every content token is a target; the sink is not",
         {11: "the sink is never a target",
-         9: "the first content token counts as well: the sink's position predicts it"}),
+         9: "the first content token counts as well: the sink's position predicts it"},
+        numbers=Numbers(
+            {"tokens": (10, range(8, 129))},
+            answer=lambda tokens: tokens,
+            wrong=(lambda tokens: tokens + 1, lambda tokens: tokens - 1),
+            text=lambda tokens: (
+                f"A sample of T = {tokens} content tokens gets the sink token in front ({tokens + 1} inputs). How many "
+                "prediction targets does `lm_loss` count in it? (a number)"))),
     Key("06.q_off_by_one", 0,
         "the extra term of the denominator is exp(b): which b makes it 1?",
         {1: "the extra term is exp(b): exp(1) is not 1",
@@ -189,7 +321,15 @@ KEY: list[Key] = [
     Key("07.q_memory_ratio", 16,
         "the cache's bytes are proportional to the slots it keeps",
         {0.0625: "give the factor by which it is smaller (a number greater than 1)",
-         1: "the budgeted cache keeps fewer slots than the full one"}),
+         1: "the budgeted cache keeps fewer slots than the full one"},
+        numbers=Numbers(
+            {"context": (4096, [1024, 2048, 4096, 8192, 16384, 32768]), "budget": (256, [64, 128, 256, 512, 1024])},
+            answer=lambda context, budget: context / budget,
+            wrong=(lambda context, budget: budget / context, lambda: 1),
+            valid=lambda context, budget: context > budget,
+            text=lambda context, budget: (
+                f"A model reads a {context}-token context. A policy keeps a budget of {budget} slots per KV head. By "
+                "what factor is its cache smaller than the full cache? (a number)"))),
     Key("07.q_recall", "a",
         "which policy chooses what to keep with the help of the prompt's end?",
         {"b": "StreamingLLM keeps its few sinks and the recent tokens: a fact further in is evicted",
@@ -203,7 +343,16 @@ KEY: list[Key] = [
         "a budget counts every slot of a KV head: sinks, recent tokens and heavy hitters",
         {24: "the pinned sinks count against the budget too",
          28: "the recent slots count against the budget too",
-         32: "the sinks and the recent slots come out of the budget"}),
+         32: "the sinks and the recent slots come out of the budget"},
+        numbers=Numbers(
+            {"budget": (32, [32, 48, 64, 96, 128, 256]), "sinks": (4, [1, 2, 4, 8]), "recent": (8, [8, 16, 32, 64])},
+            answer=lambda budget, sinks, recent: budget - sinks - recent,
+            wrong=(lambda budget, recent: budget - recent, lambda budget, sinks: budget - sinks,
+                   lambda budget: budget),
+            valid=lambda budget, sinks, recent: budget - sinks - recent >= 4,
+            text=lambda budget, sinks, recent: (
+                f"An H2O-style budget of {budget} slots per KV head pins {sinks} sinks and reserves {recent} slots for "
+                "the most recent tokens. How many slots remain for heavy hitters? (a number)"))),
     # ------------------------------------------------------------------ 08 · quantize, evict, or both
     Key("08.q_bytes_per_token", 4320,
         "per layer and KV head: the codes of 2 x 64 numbers, plus the scales and zero points of the key groups "
@@ -211,13 +360,55 @@ KEY: list[Key] = [
         {2880: "the scales and zero points are stored too: 16 bits each, per group",
          23040: "that is the 16-bit cache: count 2 bits per number",
          3600: "the keys' scales count too: 64 channels x 2 numbers x 2 bytes, shared by the 32 tokens of a group",
-         5760: "a scale and a zero point are 16 bits (2 bytes) each"}),
+         5760: "a scale and a zero point are 16 bits (2 bytes) each"},
+        numbers=Numbers(
+            {"model": ("SmolLM2-135M", ["A model"]), "layers": (30, [12, 16, 24, 28, 30, 32, 40]),
+             "kv_heads": (3, [1, 2, 3, 4, 8]), "head_dim": (64, [64, 128]), "bits": (2, [2, 4]),
+             "group": (32, [32, 64])},
+            # per layer and KV head: a key's and a value's codes; a key group's scale and zero point per channel,
+            # shared by its tokens; a token's value groups' scale and zero point (16 bits, 2 bytes, each)
+            answer=lambda layers, kv_heads, head_dim, bits, group: layers * kv_heads * (
+                2 * head_dim * bits / 8 + head_dim * 2 * 2 / group + head_dim / group * 2 * 2),
+            wrong=(lambda layers, kv_heads, head_dim, bits: layers * kv_heads * 2 * head_dim * bits / 8,
+                   (lambda layers, kv_heads, head_dim: layers * kv_heads * 2 * head_dim * 2,
+                    lambda bits: f"that is the 16-bit cache: count {bits} bits per number"),
+                   (lambda layers, kv_heads, head_dim, bits, group: layers * kv_heads * (
+                       2 * head_dim * bits / 8 + head_dim / group * 2 * 2),
+                    lambda head_dim, group: f"the keys' scales count too: {head_dim} channels x 2 numbers x 2 bytes, "
+                                            f"shared by the {group} tokens of a group"),
+                   lambda layers, kv_heads, head_dim, bits, group: layers * kv_heads * (
+                       2 * head_dim * bits / 8 + head_dim * 2 * 4 / group + head_dim / group * 2 * 4)),
+            nudge=lambda head_dim, group: (
+                f"per layer and KV head: the codes of 2 x {head_dim} numbers, plus the scales and zero points of the "
+                f"key groups (per channel, shared by {group} tokens) and of the value groups (per token)"),
+            text=lambda model, layers, kv_heads, head_dim, bits, group: (
+                f"{model} has {layers} layers, {kv_heads} KV heads and {head_dim} channels per head. In the long run "
+                "(the residual aside), how\nmany bytes does one token cost in a KIVI store at "
+                f"{bits} bits with groups of {group}, its scales and zero points at 16 bits?\n(a number)"))),
     Key("08.q_full_tokens", 40,
         "a key group is rounded once all its 32 tokens are older than the newest 32: which groups is that, before "
         "token 1,000 (counting from 0) arrives?",
         {32: "the tokens of a group not yet full stay in full precision too, besides the residual",
          8: "the residual's 32 newest tokens stay in full precision as well as the group not yet full",
-         0: "the newest tokens are never rounded: that is the residual"}),
+         0: "the newest tokens are never rounded: that is the residual"},
+        numbers=Numbers(
+            {"group": (32, [16, 32, 64]), "residual": (32, [16, 32, 64, 128]), "tokens": (1000, range(300, 5001, 20))},
+            # a key group is rounded once all its tokens are older than the residual: the first
+            # (tokens - residual) // group groups, before the token at position ``tokens`` arrives
+            answer=lambda group, residual, tokens: tokens - group * ((tokens - residual) // group),
+            wrong=(lambda residual: residual,
+                   (lambda answer, residual: answer - residual,
+                    lambda residual: f"the residual's {residual} newest tokens stay in full precision as well as the "
+                                     "group not yet full"),
+                   lambda: 0),
+            valid=lambda group, residual, tokens: tokens > residual + group,
+            nudge=lambda group, residual, tokens: (
+                f"a key group is rounded once all its {group} tokens are older than the newest {residual}: which "
+                f"groups is that, before token {tokens:,} (counting from 0) arrives?"),
+            text=lambda group, residual, tokens: (
+                f"A KIVI store with groups of {group} tokens and a residual of {residual}, no token kept exact, has "
+                f"been fed tokens 0 to {tokens - 1}.\nToken {tokens:,} arrives: how many tokens does the store hold in "
+                "full precision as it arrives? (a number)"))),
     Key("08.q_sinks_exact", "a",
         "what does a group's per-channel scale do to a key unlike the others, and who reads the sink's key?",
         {"b": "the first tokens are the ones StreamingLLM never evicts",

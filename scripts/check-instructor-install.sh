@@ -34,8 +34,9 @@ cat err.txt
 
 echo "== with the instructor extra: release, grade, site"
 python -m pip install -q "$work/src[instructor]"
-python -m course release --notebooks "$repo/notebooks" --out student --key key.json >/dev/null
+python -m course release --notebooks "$repo/notebooks" --out student >/dev/null
 python -m course release --notebooks "$repo/notebooks" --out student --check
+python -m course release --notebooks "$repo/notebooks" --out graded --hide-answers --key key.json >/dev/null
 python - <<'EOF'
 import nbformat
 

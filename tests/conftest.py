@@ -96,7 +96,7 @@ def austen_ids(smollm2):
 @pytest.fixture(scope="session")
 def graded_release(tmp_path_factory) -> tuple[Path, Path]:
     """(folder of student copies, grading key): a release for graded use of every solution notebook, answers
-    hidden, its capstone passages drawn from seed 0."""
+    hidden, its questions' variants and its capstone passages drawn from seed 0."""
     from course.instructor.release import release
 
     folder = tmp_path_factory.mktemp("graded-release")
@@ -106,6 +106,12 @@ def graded_release(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
-def grading_key(graded_release) -> Path:
-    """The grading key of ``graded_release``."""
-    return graded_release[1]
+def grading_key(tmp_path_factory) -> Path:
+    """A grading key for the notebooks' own questions (no variants drawn), so that the solution notebooks
+    themselves get full marks with it; its capstone passages are ``graded_release``'s (seed 0)."""
+    from course.instructor.release import release
+
+    folder = tmp_path_factory.mktemp("public-questions-release")
+    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
+    release(notebooks, folder / "student", hidden_answers=True, key_path=folder / "key.json", seed=0, variants=False)
+    return folder / "key.json"

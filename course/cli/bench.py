@@ -139,8 +139,8 @@ def _bench_grading(args: argparse.Namespace) -> dict:
     times = read_times(Path("docs/notebook-times.md"))  # read before the long run: the projection needs it
     jobs = args.jobs or sorted({1, cpu_cores()})
     with tempfile.TemporaryDirectory(prefix="course-bench-grading-") as work:
-        key = Path(work) / "key.json"  # the submissions are this repository's notebooks: its release's key
-        release(Path("notebooks"), Path(work) / "released", hidden_answers=True, key_path=key, seed=0)
+        key = Path(work) / "key.json"  # the submissions are this repository's notebooks: a key for their own questions
+        release(Path("notebooks"), Path(work) / "released", hidden_answers=True, key_path=key, seed=0, variants=False)
         result = measure_grading(submissions, args.copies, jobs, Path(work), key, progress=not args.json)
     projection = project_class(result, times)
     setting = [f"{k}={os.environ[k]}" for k in ("COURSE_MODEL", "HF_HUB_OFFLINE") if os.environ.get(k)]

@@ -58,9 +58,12 @@ def _release_args(p: argparse.ArgumentParser) -> None:
                         "decides); write the copies to another folder with --out (the committed ones keep the hints)")
     p.add_argument("--key", default=None, metavar="FILE",
                    help="also write the grading key of this release (answers, the capstone's held-out passages, the "
-                        "released lines) to FILE, outside --out: keep it from the students, grade with it")
+                        "released lines) to FILE, outside --out: keep it from the students, grade with it. The release "
+                        "is an exam of its own: each question in a variant drawn for it (options reordered, numbers "
+                        "drawn), which its copies show and its key answers")
     p.add_argument("--seed", type=seed_int, default=None,
-                   help="draw the capstone's held-out passages from this seed (default: at random)")
+                   help="with --key: draw the questions' variants and the capstone's held-out passages from this seed "
+                        "(default: a secret one, kept in the key); the same seed gives the same exam")
     p.add_argument("--json", action="store_true")
 
 

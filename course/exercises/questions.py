@@ -1,9 +1,10 @@
 """Check your understanding: short questions per notebook, answered by a function that returns the answer.
 
 A question is an exercise like any other (same registry, same ``check``, same grader): the student writes a
-function of no arguments that returns the answer, a letter for a multiple-choice question or a number, and
-``check("02.q_first_eviction", answer, autofill=AUTOFILL)`` checks it. Under the grader only the returned value
-crosses (plain data).
+function that returns the answer, a letter for a multiple-choice question or a number, and
+``check("02.q_first_eviction", answer, autofill=AUTOFILL)`` checks it, calling it without arguments (a number
+question's function takes the question's numbers as arguments with defaults, ``def q1(window=64):``). Under the
+grader only the returned value crosses (plain data).
 
 This module knows the questions' form only (a letter among the options, or a number): the answers and the hints
 for wrong answers are the instructor's (``QuestionKey``, in the answer key beside the solution notebooks). Release
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 
 from course.exercises.core import Exercise, ExerciseFailed, NotDoneYet, Wrong, exercise
 
-__all__ = ["Question", "QuestionKey", "QUESTIONS", "normalise_choice", "form_problem", "judge", "encode_key",
+__all__ = ["Question", "QuestionKey", "Numbers", "QUESTIONS", "normalise_choice", "form_problem", "judge", "encode_key",
            "decode_key", "answer_measure", "check_question"]
 
 CHOICES = "abcde"
@@ -42,10 +43,35 @@ class Question:
 
 
 @dataclass(frozen=True)
+class Numbers:
+    """A number question as a template, from which a graded release draws its own numbers (``course.instructor
+    .variants``). Every formula is a function of the parameters it names (``answer`` too, in ``wrong``).
+
+    * ``params``: name -> (the value the notebook shows, the values a graded release may draw). A number is also an
+      argument of the question's function (``def q1(layers=12, ...)``), so that an answer computed from the
+      arguments answers every variant; a text (a model's name) appears in the question only.
+    * ``answer``: the answer, by the formula the course teaches.
+    * ``text``: the question as the notebook prints it after its number.
+    * ``wrong``: one per hint of the ``QuestionKey``, in its order: the typical wrong answer (``lambda answer:
+      answer / 2`` for a forgotten factor 2), or (that, the hint's text) when the text names the question's numbers.
+    * ``nudge``: the nudge, when it names the question's numbers; ``valid``: whether drawn numbers make sense
+      together.
+    """
+
+    params: dict
+    answer: Callable
+    text: Callable
+    wrong: tuple = ()
+    nudge: Callable | None = None
+    valid: Callable | None = None
+
+
+@dataclass(frozen=True)
 class QuestionKey:
     """The instructor's side of a question: the answer (a letter or a number, ``tol`` the relative tolerance),
     ``hints`` (a typical wrong answer -> what is wrong with it), ``nudge`` (the hint for any other wrong answer)
-    and the options' text as the notebook prints them (``choices``, for the notebooks' tests)."""
+    and the options' text as the notebook prints them (``choices``, for the notebooks' tests); for a number question
+    whose numbers a graded release draws, its template (``numbers``)."""
 
     id: str
     answer: str | float
@@ -53,6 +79,7 @@ class QuestionKey:
     hints: dict = field(default_factory=dict)
     tol: float = 1e-9
     choices: tuple[str, ...] = ()
+    numbers: Numbers | None = None
 
     def entry(self) -> dict:
         """The key's entry for this question (plain JSON)."""

@@ -15,7 +15,9 @@ student practising is told whether an answer is right); with ``hidden_answers`` 
 says only whether an answer is well-formed. With ``key_path`` release also writes the grading key
 (``course.instructor.grading.key``): the answers, held-out passages for the capstone drawn now, and the
 fingerprints of the released copies' lines (with the solution regions' own lines, for the similarity report).
-Keep it from the students; grade with it.
+Keep it from the students; grade with it. A release with a key is an exam of its own: from its seed (secret, kept
+in the key) it draws a variant of every question (``course.instructor.variants``: options in an order of their
+own, numbers of their own), which its copies show and its key answers.
 
 Release never destroys: it refuses an output folder that is, or contains, the solution folder; it
 only overwrites or deletes a notebook that carries its banner cell (the banner is the record of
@@ -29,6 +31,7 @@ import json
 import random
 import re
 import runpy
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,10 +132,12 @@ def hide_answers(source: str, answers: dict[str, dict] | None = None) -> str:
 
 
 def student_notebook(solution_text: str, solution_name: str, hidden_answers: bool = False,
-                     answers: dict[str, dict] | None = None) -> str:
+                     answers: dict[str, dict] | None = None, keys: dict[str, QuestionKey] | None = None,
+                     variants: dict | None = None) -> str:
     """The student copy (serialised, as written to disk) of a solution notebook given as JSON text. The
     questions' checks carry their ``answers`` (id -> key entry), or with ``hidden_answers`` only say whether an
-    answer is well-formed (graded use)."""
+    answer is well-formed (graded use). With the answer key's ``keys`` the questions printed are checked against
+    it, and with ``variants`` (id -> ``Variant``) the copy shows each question's variant."""
     try:
         nb = nbformat.v4.reads(solution_text)  # plain JSON: no validation, no ids invented
     except json.JSONDecodeError as e:
@@ -150,6 +155,13 @@ def student_notebook(solution_text: str, solution_name: str, hidden_answers: boo
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
+    if keys:
+        from course.instructor.variants import VariantError, rewrite_questions
+
+        try:
+            rewrite_questions(nb, solution_name, keys, variants)
+        except VariantError as e:
+            raise ReleaseError(str(e)) from None
     nb.cells.insert(0, _banner(solution_name))
     return nbformat.v4.writes(nb) + "\n"
 
@@ -185,38 +197,50 @@ def load_answer_key(solution_dir: Path) -> dict[str, QuestionKey]:
     return keys
 
 
-def _expected(solution_dir: Path, hidden_answers: bool = False) -> dict[str, str]:
+def _expected(solution_dir: Path, hidden_answers: bool = False, variants: dict | None = None) -> dict[str, str]:
     keys = load_answer_key(solution_dir) if (solution_dir / ANSWER_KEY).is_file() else {}
-    answers = {qid: key.entry() for qid, key in keys.items()}  # a question without one is refused, naming it
-    return {p.name: student_notebook(p.read_text(encoding="utf-8"), p.name, hidden_answers, answers)
+    answers = {qid: (variants[qid].entry if variants else key.entry())  # a question without one is refused
+               for qid, key in keys.items()}
+    return {p.name: student_notebook(p.read_text(encoding="utf-8"), p.name, hidden_answers, answers, keys, variants)
             for p in _solutions(solution_dir)}
 
 
-def _check_answers_match(solution_dir: Path, keys: dict[str, QuestionKey]) -> None:
-    """Every question's solution cell returns the answer key's answer (``ReleaseError`` naming the first that
-    does not)."""
+def _check_answers_match(solution_dir: Path, keys: dict[str, QuestionKey], variants: dict | None = None) -> None:
+    """Every question's solution cell returns the answer key's answer, and with ``variants`` each variant's: on the
+    variant's numbers, or re-lettered as its options are (``ReleaseError`` naming the first that does not)."""
     from course.exercises.questions import BY_ID, judge
     from course.instructor.solutions import solution_functions
+    from course.instructor.variants import arguments
 
     for path in _solutions(solution_dir):
         for qid, fn in solution_functions(path).items():
-            if qid in BY_ID:
+            if qid not in BY_ID:
+                continue
+            asked = [(keys[qid].entry(), fn, "")]
+            variant = (variants or {}).get(qid)
+            if variant is not None and variant.numbers is not None:
+                numbers = arguments(keys[qid], variant.numbers)
+                asked.append((variant.entry, lambda fn=fn, numbers=numbers: fn(**numbers), f" on {numbers}"))
+            elif variant is not None and variant.order:
+                asked.append((variant.entry, lambda fn=fn, v=variant: v.letter(fn()), f" re-lettered {variant.order}"))
+            for entry, answer, how in asked:
                 try:
-                    judge(BY_ID[qid], keys[qid].entry(), fn())
+                    judge(BY_ID[qid], entry, answer())
                 except AssertionError:
-                    raise ReleaseError(f"{path.name}: the solution of {qid} returns {fn()!r}, the answer key says "
-                                       f"{keys[qid].answer!r}") from None
+                    raise ReleaseError(f"{path.name}: the solution of {qid} returns {answer()!r}{how}, the answer "
+                                       f"key says {entry['answer']!r}") from None
 
 
 def write_grading_key(solution_dir: Path, copies: dict[str, str], key_path: Path, hidden_answers: bool,
-                      seed: int | None = None, passages: int = CAPSTONE_PASSAGES) -> None:
-    """The grading key of this release: answers, ``passages`` held-out passages (drawn at random; ``seed``
-    repeats a draw), the released copies' line fingerprints and the solution regions' lines."""
+                      seed: int | None = None, passages: int = CAPSTONE_PASSAGES, variants: dict | None = None) -> None:
+    """The grading key of this release: answers (each variant's, with ``variants``), ``passages`` held-out passages
+    (drawn at random; ``seed`` repeats a draw), the released copies' line fingerprints and the solution regions'
+    lines."""
     from course.instructor.grading.key import GradingKey, draw_passages, released_lines, write_key
     from course.instructor.grading.similarity import solution_lines
 
     keys = load_answer_key(solution_dir)
-    _check_answers_match(solution_dir, keys)
+    _check_answers_match(solution_dir, keys, variants)
     rng = random.Random(seed) if seed is not None else None
     try:
         held_out = draw_passages(passages, rng)
@@ -225,8 +249,8 @@ def write_grading_key(solution_dir: Path, copies: dict[str, str], key_path: Path
     notebooks = {name[:2]: released_lines(nbformat.reads(text, as_version=4)) for name, text in copies.items()}
     solutions = {p.name[:2]: solution_lines(json.loads(p.read_text(encoding="utf-8")), frozenset(notebooks[p.name[:2]]))
                  for p in _solutions(solution_dir) if p.name[:2] in notebooks}
-    write_key(GradingKey({qid: k.entry() for qid, k in keys.items()}, held_out, notebooks, hidden_answers,
-                         solutions), key_path)
+    answers = {qid: (variants[qid].entry if variants else k.entry()) for qid, k in keys.items()}
+    write_key(GradingKey(answers, held_out, notebooks, hidden_answers, solutions, seed=seed), key_path)
 
 
 def _written_by_release(path: Path) -> bool:
@@ -252,22 +276,34 @@ def _refuse_destructive(solution_dir: Path, student_dir: Path, expected: dict[st
 
 
 def release(solution_dir: Path, student_dir: Path, hidden_answers: bool = False, key_path: Path | None = None,
-            seed: int | None = None) -> list[Path]:
+            seed: int | None = None, variants: bool = True) -> list[Path]:
     """Write the student copy of every solution notebook; remove student copies whose solution is gone.
     ``hidden_answers``: for graded use, the questions' checks only say whether an answer is well-formed.
-    ``key_path``: also write the grading key of this release there (``seed``: draw the same held-out passages).
+    ``key_path``: also write the grading key of this release there, and draw this release's variant of every
+    question from ``seed`` (default: a secret one, kept in the key), with the capstone's held-out passages; the same
+    seed draws the same exam. ``variants=False``: a key for the notebooks' own questions (copies as self-study has
+    them, or the solution notebooks themselves).
 
     Every notebook is converted, the output folder checked and the key written before any copy is written, so
     a bad marker, an answer key that disagrees with a solution or a destructive ``student_dir`` changes no file.
     Returns the paths written.
     """
-    expected = _expected(solution_dir, hidden_answers)
+    drawn = None
+    if key_path is not None:
+        from course.instructor.variants import VariantError, draw_variants
+
+        seed = secrets.randbelow(2**32) if seed is None else seed
+        try:
+            drawn = draw_variants(load_answer_key(solution_dir), seed) if variants else None
+        except VariantError as e:
+            raise ReleaseError(str(e)) from None
+    expected = _expected(solution_dir, hidden_answers, drawn)
     _refuse_destructive(solution_dir, student_dir, expected)
     if key_path is not None:
         if key_path.resolve().is_relative_to(student_dir.resolve()):
             raise ReleaseError(f"--key {key_path} is inside the student folder {student_dir}: the key would be "
                                "handed out with the notebooks; write it elsewhere")
-        write_grading_key(solution_dir, expected, key_path, hidden_answers, seed)
+        write_grading_key(solution_dir, expected, key_path, hidden_answers, seed, variants=drawn)
     student_dir.mkdir(parents=True, exist_ok=True)
     for stale in student_dir.glob(SOLUTION_GLOB):
         if stale.name not in expected and _written_by_release(stale):

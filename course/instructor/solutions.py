@@ -4,7 +4,11 @@
 * ``solution_functions(path)``: the solutions as functions (the notebook's imports and its solution cells' function
   definitions, run in one namespace in notebook order, so that a solution may call an earlier one);
 * ``paste_solutions(student, solution)``: a released student copy filled in as an honest student would, each
-  exercise's region replaced by the solution's lines (markers dropped), nothing else changed.
+  exercise's region replaced by the solution's lines (markers dropped), nothing else changed: a graded copy keeps
+  its own questions (its numbers, its order of options), and a choice is made by the option's text, under the
+  copy's letter for it;
+* ``printed_options(nb)`` and the readers of the questions' cell (``understanding``, ``question_paragraph``,
+  ``split_options``): the questions as a notebook prints them.
 
 Nothing here is imported by a notebook or installed for students to use: the solutions live in the solution
 notebooks, never in ``course``.
@@ -21,7 +25,12 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["ExerciseCell", "exercise_cells", "solution_functions", "paste_solutions", "without_markers"]
+from course.exercises.questions import BY_ID as QUESTION
+
+__all__ = ["ExerciseCell", "exercise_cells", "solution_functions", "paste_solutions", "without_markers",
+           "printed_options", "understanding", "question_paragraph", "split_options", "UNDERSTANDING"]
+
+UNDERSTANDING = "## Check your understanding"  # the heading of the markdown cell that prints the questions
 
 _CHECK = re.compile(r'(\w+)\s*=\s*check\(\s*"(\d\d\.\w+)"\s*,\s*(\w+)')
 _MARKER = re.compile(r"^\s*#*\s*(BEGIN|END) SOLUTION\s*$")
@@ -85,13 +94,102 @@ def solution_functions(path: Path) -> dict[str, Callable]:
     return {ex.id: namespace[ex.name] for ex in cells.values()}
 
 
+def _is_marker(line: str, marker: str, cell_type: str) -> bool:
+    """Release's rule (``course.instructor.release``): a line naming the marker; in markdown, outside backticks."""
+    if cell_type == "markdown":
+        line = re.sub(r"`+[^`]*`+", "", line)
+    return marker in line
+
+
+def _pieces(source: str, cell_type: str) -> list[str | list[str]]:
+    """A solution cell as release sees it: each line outside a solution region (a str), each region's lines
+    without its markers (a list), in order; a student copy has one line per piece."""
+    BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
+    pieces: list[str | list[str]] = []
+    region: list[str] | None = None
+    for line in source.split("\n"):
+        if _is_marker(line, BEGIN, cell_type):
+            region = []
+            pieces.append(region)
+        elif _is_marker(line, END, cell_type):
+            region = None
+        elif region is not None:
+            region.append(line)
+        else:
+            pieces.append(line)
+    return pieces
+
+
+def _pasted(student: str, solution: str, cell_type: str) -> str:
+    """The student's cell with each region as the solution has it; the solution's cell, markers dropped, when the
+    two do not line up."""
+    pieces, lines = _pieces(solution, cell_type), student.split("\n")
+    if len(pieces) != len(lines):
+        return without_markers(solution)
+    out: list[str] = []
+    for piece, line in zip(pieces, lines):
+        out.extend(piece if isinstance(piece, list) else [line])
+    return "\n".join(out)
+
+
+def understanding(nb: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
+    """The markdown cell that prints the notebook's questions (None when it has none)."""
+    return next((c for c in nb.cells if c.cell_type == "markdown" and UNDERSTANDING in c.source), None)
+
+
+def question_paragraph(source: str, number: int) -> re.Match | None:
+    """Question ``number``'s paragraph in the questions' cell: group 1 is its text after ``**number.** ``."""
+    return re.search(rf"^\*\*{number}\.\*\* (.*?)(?=\n[ \t]*\n|\Z)", source, re.S | re.M)
+
+
+def split_options(paragraph: str) -> tuple[str, dict[str, str]] | None:
+    """(the question before its options, {letter: option}) of a choice question's paragraph (its options on the
+    last line, ``(a) ...  (b) ...``)."""
+    head, _, last = paragraph.rpartition("\n")
+    if not last.startswith("(a) "):
+        return None
+    parts = re.split(r"  (?=\([a-e]\) )", last)
+    options = {}
+    for part in parts:
+        m = re.fullmatch(r"\(([a-e])\) (.*)", part, re.S)
+        if m is None:
+            return None
+        options[m.group(1)] = m.group(2)
+    return head, options
+
+
+def printed_options(nb: nbformat.NotebookNode) -> dict[str, dict[str, str]]:
+    """{question id: {letter: option}} of every choice question the notebook prints."""
+    cell = understanding(nb)
+    out = {}
+    for qid, ex in exercise_cells(nb).items():
+        if qid in QUESTION and QUESTION[qid].kind == "choice" and cell is not None and ex.name[1:].isdigit():
+            m = question_paragraph(cell.source, int(ex.name[1:]))
+            parsed = split_options(m.group(1)) if m else None
+            if parsed:
+                out[qid] = parsed[1]
+    return out
+
+
+_LETTER = re.compile(r"""(return\s+)(["'])([a-e])\2""")
+
+
 def paste_solutions(student: nbformat.NotebookNode, solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The student copy with every cell that had a solution region (code and text) as the solution notebook has
-    it, markers dropped; cells are matched by id. Returns a new notebook."""
+    """The student copy with every solution region (code and text) as the solution notebook has it, markers
+    dropped, each cell's other lines as the copy has them; cells are matched by id. A choice question's answer is
+    the letter the copy prints the solution's option under. Returns a new notebook."""
     filled = copy.deepcopy(student)
     by_id = {cell.get("id"): cell for cell in solution.cells}
     for cell in filled.cells:
         source = by_id.get(cell.get("id"))
         if source is not None and "BEGIN SOLUTION" in source.source:
-            cell.source = without_markers(source.source)
+            cell.source = _pasted(cell.source, source.source, cell.cell_type)
+    shown, printed = printed_options(filled), printed_options(solution)
+    for qid, ex in exercise_cells(filled).items():
+        if qid in shown and qid in printed:
+            letter_of = {text: letter for letter, text in shown[qid].items()}
+            relettered = {old: letter_of.get(text, old) for old, text in printed[qid].items()}
+            cell = filled.cells[ex.solution]
+            cell.source = _LETTER.sub(lambda m: m.group(1) + m.group(2) + relettered.get(m.group(3), m.group(3))
+                                      + m.group(2), cell.source)
     return filled

@@ -3,7 +3,10 @@
 ``python -m course release --key KEY`` writes it beside the student copies it releases; ``python -m course grade
 --key KEY`` reads it. It holds
 
-* the questions' answers and the hints for wrong answers (from the answer key beside the solution notebooks);
+* the questions' answers and the hints for wrong answers (from the answer key beside the solution notebooks), as
+  this release asks them: each question's entry is its variant's, drawn from the release's ``seed`` (kept here),
+  its "variant" saying what was drawn (a choice question's options in the order shown, by the letters the notebook
+  gives them; a number question's numbers and its text);
 * the capstone's held-out passages, drawn at release from the six novels (book and character offset), so that a
   student cannot tune a policy on them;
 * a fingerprint of every code line of the released copies, so that the grader judges only what a student wrote or
@@ -30,7 +33,7 @@ __all__ = ["GradingKey", "KeyFileError", "line_fingerprint", "released_lines", "
            "measures"]
 
 FORMAT = "attention-sinks-course grading key"
-VERSION = 1
+VERSION = 2  # 2: the seed, and the questions' variants
 
 
 class KeyFileError(ValueError):
@@ -53,13 +56,15 @@ def released_lines(nb: nbformat.NotebookNode) -> list[str]:
 class GradingKey:
     """questions: exercise id -> ``QuestionKey.entry``; passages: the capstone's [[book, offset], ...];
     notebooks: notebook number -> ``released_lines`` of its released copy; solutions: notebook number -> the code
-    lines of its solution regions (absent from keys written before it existed: read as none)."""
+    lines of its solution regions (absent from keys written before it existed: read as none); seed: the release's
+    seed (the variants and the passages it drew)."""
 
     questions: dict[str, dict] = field(default_factory=dict)
     passages: list[list] = field(default_factory=list)
     notebooks: dict[str, list[str]] = field(default_factory=dict)
     hidden_answers: bool = False
     solutions: dict[str, list[str]] = field(default_factory=dict)
+    seed: int | None = None
 
     def released(self, notebook: str) -> frozenset[str]:
         return frozenset(self.notebooks.get(notebook, ()))
@@ -103,7 +108,7 @@ def read_key(path: Path) -> GradingKey:
                         "release again")
     try:
         return GradingKey(dict(data["questions"]), list(data["passages"]), dict(data["notebooks"]),
-                          bool(data["hidden_answers"]), dict(data.get("solutions", {})))
+                          bool(data["hidden_answers"]), dict(data.get("solutions", {})), seed=data["seed"])
     except (KeyError, TypeError, ValueError):
         raise KeyFileError(f"--key {path}: a grading key with missing or malformed fields: release again") from None
 
