@@ -1,13 +1,16 @@
 """A class of hostile-but-realistic submissions of notebook 01, each one an attack on the grader.
 
-``build_class(root, pid_file)`` writes them under ``root`` (one folder per student) and returns, per
-student, the points a correct grader gives. It imports nothing from ``course``, so the same class
+``build_class(root, key, outside, port)`` writes them under ``root`` (one folder per student) and returns, per
+student, the points a correct grader gives (``key``: the grading key's path, ``outside``: a folder no kernel should
+reach, ``port``: a loopback port the test listens on). It imports nothing from ``course``, so the same class
 can be graded by any version of the grader.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import nbformat
 
 from tests.instructor.grading_helpers import NOTEBOOKS, submission
 
@@ -145,7 +148,85 @@ for _ in range(100):
 """
 
 
-def build_class(root: Path) -> dict[str, int]:
+# Looks for everything the sandbox keeps out of a kernel's world; each exercise works only if its attack got
+# through (the guard is put at the top of the student's own, correct, function).
+_OWN_CONTROL = 'os.path.join(os.path.dirname(os.environ.get("TMPDIR", "/nowhere")), "control")'
+BURGLAR_GUARDS = {
+    # the other students' submissions (read and overwritten) and the other kernels' connection files
+    "attention_step": "import glob, os\n"
+                      "others = [p for p in glob.glob({root!r} + '/*/*.ipynb') if '/p_burglar/' not in p]\n"
+                      "others += [p for p in glob.glob('/tmp/**/kernel.json', recursive=True)\n"
+                      "           if not p.startswith(" + _OWN_CONTROL + ")]\n"
+                      "for p in others:\n"
+                      "    try:\n"
+                      "        open(p, 'a').write('overwritten by p_burglar')\n"
+                      "    except OSError:\n"
+                      "        pass\n"
+                      "if not others:\n"
+                      "    raise RuntimeError('nothing of the other students is in sight')\n",
+    # the grader's secrets: a hub token in the environment, written out where the student can read it later
+    "kv_cache_bytes": "import os\n"
+                      "if 'hf_secret' not in repr(dict(os.environ)):\n"
+                      "    raise RuntimeError('no token')\n"
+                      "open({outside!r} + '/token.txt', 'w').write(repr(dict(os.environ)))\n",
+    # the network: a server the test runs on this machine's loopback
+    "generate_greedy": "import socket\n"
+                       "socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n",
+    # a file outside its own folder
+    "kv_bytes_per_token": "open({outside!r} + '/escaped.txt', 'w').write('escaped')\n",
+}
+# The grading key: at the path the instructor gave, or through the grader's command line in /proc.
+STEAL_THE_KEY = """
+def _stolen(qid, wrong):
+    import glob, json
+    paths = [{key!r}]
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            args = open(cmdline, "rb").read().decode(errors="replace").split("\\0")
+        except OSError:
+            continue
+        paths += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--key"]
+    for path in paths:
+        try:
+            return json.load(open(path))["questions"][qid]["answer"]
+        except Exception:
+            pass
+    return wrong
+"""
+QUESTIONS = {"q1": "01.q_bytes_per_token", "q2": "01.q_gqa_factor", "q3": "01.q_what_grows", "q4": "01.q_exact"}
+
+# Switches the kernel's watch off (by a route no scan of the source names) and hands three exercises back.
+BLIND_THE_WATCH = """
+import sys
+sys.modules["course.exer" + "cises.serve"].call_watching = lambda fn, args, kwargs, codes: (fn(*args, **kwargs), None)
+"""
+
+
+def _guarded(name: str, guard: str) -> str:
+    """The solution's own function ``name`` with ``guard`` run first."""
+    cell = next(c for c in nbformat.read(SOLUTION, as_version=4).cells
+                if c.cell_type == "code" and f"def {name}(" in c.source)
+    lines = cell.source.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}(")) + 1
+    while not lines[at - 1].rstrip().endswith(":"):  # a signature over several lines
+        at += 1
+    return "\n".join(lines[:at] + ["    " + g for g in guard.strip().split("\n")] + lines[at:])
+
+
+def burglar(root: Path, key: Path, outside: Path, port: int) -> dict[str, str]:
+    """The burglar's cells: every exercise guarded by an attack, every question answered from the stolen key."""
+    cells = {name: _guarded(name, guard.format(root=str(root), outside=str(outside), port=port))
+             for name, guard in BURGLAR_GUARDS.items()}
+    for name, qid in QUESTIONS.items():
+        cells[name] = STEAL_THE_KEY.format(key=str(key)) + f"def {name}():\n    return _stolen({qid!r}, 0)\n"
+    return cells
+
+
+BURGLED = ("01.attention_step", "01.kv_cache_bytes", "01.generate_greedy", "01.kv_bytes_per_token",
+           *QUESTIONS.values())
+
+
+def build_class(root: Path, key: Path, outside: Path, port: int) -> dict[str, int]:
     """The attack submissions under ``root``; returns the correct points (of ``POINTS``) per student."""
     submission(root / "a_honest", SOLUTION)
     submission(root / "b_patcher", BLANK, first_cell=PATCH_THE_CHECKER)
@@ -156,8 +237,10 @@ def build_class(root: Path) -> dict[str, int]:
     submission(root / "g_never_ends", SOLUTION, extra_cell=NEVER_ENDS)
     submission(root / "h_flooder", SOLUTION, extra_cell=FLOOD)
     submission(root / "i_victim", SOLUTION)
+    submission(root / "p_burglar", SOLUTION, burglar(root, key, outside, port))
+    submission(root / "q_blind_forwarder", SOLUTION, FORWARD, first_cell=BLIND_THE_WATCH)
     # the saboteur and the forger name the grader's socket variables: their passing exercises go to review; the
     # forwarders' other exercises (not forwarded) still count
     return {"a_honest": POINTS, "b_patcher": 0, "c_forger": 0, "d_forwarder": POINTS - FORWARDED,
             "e_quiet_forwarder": POINTS - FORWARDED, "f_saboteur": 0, "g_never_ends": POINTS, "h_flooder": POINTS,
-            "i_victim": POINTS}
+            "i_victim": POINTS, "p_burglar": POINTS - len(BURGLED), "q_blind_forwarder": POINTS - FORWARDED}

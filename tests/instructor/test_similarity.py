@@ -142,7 +142,7 @@ def test_grade_writes_the_report_of_every_submission_also_when_it_resumes(tmp_pa
     def graded(sub, *args, **kwargs):
         return [dict(student=sub.student, notebook=sub.notebook, exercise="01.kv_cache_bytes", points=1,
                      max_points=1, status="pass", feedback="", submission=str(sub.path),
-                     sha256=file_digest(sub.path), cells_failed="")]
+                     sha256=file_digest(sub.path), cells_failed="", isolation="bubblewrap")]
 
     monkeypatch.setattr(grading, "grade_submission", graded)
     key = tmp_path / "key.json"
@@ -170,7 +170,7 @@ def test_shards_write_no_report_and_their_merge_with_the_key_writes_the_class(tm
     def graded(sub, *args, **kwargs):
         return [dict(student=sub.student, notebook=sub.notebook, exercise="01.kv_cache_bytes", points=1,
                      max_points=1, status="pass", feedback="", submission=str(sub.path),
-                     sha256=file_digest(sub.path), cells_failed="")]
+                     sha256=file_digest(sub.path), cells_failed="", isolation="bubblewrap")]
 
     monkeypatch.setattr(grading, "grade_submission", graded)
     key = tmp_path / "key.json"
