@@ -102,7 +102,7 @@ def _shard_folder(folder: Path, shard: str, submissions: list[str], complete: bo
     folder.mkdir(parents=True)
     index, count = map(int, shard.split("/"))
     row = dict(student="s", notebook="01", exercise="01.kv_cache_bytes", points=1, max_points=1, status="pass",
-               feedback="", sha256="0", cells_failed="")
+               feedback="", sha256="0", cells_failed="", isolation="bubblewrap")
     rows = [{**row, "submission": s} for s in (submissions if graded is None else graded)]
     (folder / "gradebook.json").write_text(json.dumps(rows))
     (folder / RECORD).write_text(json.dumps({"shard": shard, "index": index, "count": count, "paths": [count_paths],
@@ -162,12 +162,9 @@ def test_bad_jobs_and_shards_are_one_clear_line(tmp_path, capsys, flag, value, a
 
 
 def test_sigint_with_two_kernels_running_leaves_nothing(tmp_path, grading_key):
-    started = tmp_path / "started"
-    started.mkdir()
     tiny(tmp_path / "class" / "a_quick" / "01_kv_cache.ipynb", GOOD, CHECK)
-    for name in ("b_slow", "c_slow"):  # each says when its kernel runs, then sleeps
-        tiny(tmp_path / "class" / name / "01_kv_cache.ipynb",
-             f"open({str(started / name)!r}, 'w').close()\nimport time\ntime.sleep(600)", GOOD, CHECK)
+    for name in ("b_slow", "c_slow"):  # each sleeps (its kernel, in its sandbox, cannot write out to say so)
+        tiny(tmp_path / "class" / name / "01_kv_cache.ipynb", "import time\ntime.sleep(600)", GOOD, CHECK)
     out, scratch, mark = tmp_path / "book", tmp_path / "tmp", uuid.uuid4().hex
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch), "COURSE_TEST_MARK": mark, "PYTHONPATH": str(ROOT)}
@@ -176,9 +173,16 @@ def test_sigint_with_two_kernels_running_leaves_nothing(tmp_path, grading_key):
                               stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
-    while len(list(started.iterdir())) < 2:  # the quick one is graded, then both slow kernels sleep
+
+    def kernels() -> list[int]:  # found by their command lines, which name their folder in ``scratch``
+        return [pid for pid in marked_processes(str(scratch), ("cmdline",))
+                if b"ipykernel_launcher" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                and b"bwrap" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+    while not (out / "gradebook.json").exists() or len(kernels()) < 2:  # the quick one graded, both slow ones run
         assert grader.poll() is None and time.monotonic() < deadline, grader.communicate()
         time.sleep(0.2)
+    time.sleep(5)  # their cells are running: the import, then the sleep
     grader.send_signal(signal.SIGINT)
     stdout, stderr = grader.communicate(timeout=120)
     assert grader.returncode == 130, (stdout, stderr)
@@ -188,4 +192,5 @@ def test_sigint_with_two_kernels_running_leaves_nothing(tmp_path, grading_key):
     assert sorted(p.name for p in out.iterdir()) == ["gradebook.csv", "gradebook.json"]  # no temporary file
     assert list(scratch.iterdir()) == []  # no kernel's temporary folder
     time.sleep(0.5)
-    assert marked_processes(mark) == []  # no grading process, supervisor or kernel
+    assert marked_processes(mark) == []  # no grading process
+    assert marked_processes(str(scratch), ("environ", "cmdline")) == []  # no supervisor, sandbox or kernel
