@@ -1,6 +1,15 @@
-"""Small deterministic inputs the checkers share."""
+"""Small deterministic inputs the checkers share, and the exam they are drawn for.
+
+Every seed a checker uses goes through ``drawn``: as written while a student practises, moved by the exam's offset
+while a graded release is graded (``exam(seed)``, the seed kept in the grading key). So the tiny models, token ids
+and tensors a checker feeds a function differ from one graded release to the next, and answers computed for the
+public inputs (a table of outputs) do not transfer.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -9,6 +18,30 @@ from course.models import build_model
 from course.models.base import CausalLM, ModelConfig
 from course.policies import Policy
 from course.streaming import next_token_nll
+
+
+_EXAM = {"offset": 0}
+
+
+def drawn(seed: int) -> int:
+    """A checker's ``seed`` for the exam being graded (itself outside one)."""
+    return seed + _EXAM["offset"]
+
+
+def generator(seed: int) -> torch.Generator:
+    """A random generator for a checker's ``seed`` in the exam being graded."""
+    return torch.Generator().manual_seed(drawn(seed))
+
+
+@contextmanager
+def exam(seed: int | None) -> Iterator[None]:
+    """Inside, every checker draws its inputs for the graded release of ``seed`` (None: the public inputs)."""
+    previous = _EXAM["offset"]
+    _EXAM["offset"] = 0 if seed is None else 1 + seed % 1_000_003
+    try:
+        yield
+    finally:
+        _EXAM["offset"] = previous
 
 
 def tiny_model(family: str = "llama", seed: int = 0, n_layer: int = 2, sink_logit: str = "none",
@@ -21,7 +54,7 @@ def tiny_model(family: str = "llama", seed: int = 0, n_layer: int = 2, sink_logi
     cfg = ModelConfig(family=family, vocab_size=53, n_layer=n_layer, n_head=4, n_kv_head=kv,
                       d_model=32, head_dim=8, d_ff=48, max_positions=512, name=f"tiny-{family}",
                       sink_logit=sink_logit, output_gate=output_gate)
-    torch.manual_seed(seed)
+    torch.manual_seed(drawn(seed))
     model = build_model(cfg).double().eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -41,7 +74,7 @@ def close(a, b, tol: float = 1e-6) -> bool:
 
 def token_ids(n: int, vocab: int = 53, seed: int = 0) -> torch.Tensor:
     """[1, n] random token ids."""
-    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, vocab, (1, n), generator=generator(seed))
 
 
 def _kept(cache) -> torch.Tensor:

@@ -8,7 +8,7 @@ from torch import Tensor
 from course.attention_analysis import key_mass, sink_mass
 from course.models.attend import attention_weights
 from course.exercises.core import Wrong, exercise
-from course.exercises.fixtures import close, tiny_model
+from course.exercises.fixtures import close, generator, tiny_model
 from course.exercises.guards import GuardedModel
 from course.exercises.hints import hint
 from course.policies import PinSinks, SlidingWindow, StreamingLLM, make_policy
@@ -22,7 +22,7 @@ def _sink_mass_with_course(attn: Tensor, k: int = 1, skip: int = 4) -> Tensor:
 
 
 def _random_attention(h: int = 3, t: int = 12, seed: int = 0) -> Tensor:
-    g = torch.Generator().manual_seed(seed)
+    g = generator(seed)
     scores = torch.randn(h, t, t, generator=g) * 2
     scores[:, :, 0] += 2.0  # some sink
     causal = torch.ones(t, t).tril().bool()
@@ -94,7 +94,7 @@ def _softmax_over_kept(weights: Tensor, keep: Tensor) -> Tensor:
 @exercise("02.renormalise_without", "Exercise 3 (what eviction does to a softmax)", fallback=_softmax_over_kept,
           shortcuts=(attention_weights,))
 def _check_renormalise(fn) -> None:
-    g = torch.Generator().manual_seed(3)
+    g = generator(3)
     weights = torch.softmax(torch.randn(4, 9, generator=g) * 2, -1)
     for keep in (torch.tensor([0, 1, 1, 1, 0, 1, 1, 1, 1]).bool(), torch.arange(9) > 0):
         got, want = fn(weights, keep), _softmax_over_kept(weights, keep)
@@ -156,7 +156,7 @@ def _diagnose_stream(model, ids: Tensor, window: int, n_sink: int, got: Tensor) 
           points=6, kind="build", fallback=_window_nll_with_course,
           shortcuts=(decode_stream, exact_stream, evaluate_stream, make_policy, StreamingLLM, PinSinks, SlidingWindow))
 def _check_window_stream_nll(fn) -> None:
-    ids = torch.randint(0, 53, (2, 24), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, 53, (2, 24), generator=generator(3))
     for family, window, n_sink in (("gpt2", 8, 0), ("gpt2", 6, 2), ("llama", 5, 3)):
         model = tiny_model(family, seed=3)
         want = _scored(model, ids, _stream_policy(model, window, n_sink))  # the course's cache, the oracle

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from course.builds import drive_layers
 from course.exercises.core import Wrong, exercise
-from course.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
+from course.exercises.fixtures import close, first_difference, generator, policy_trace, tiny_model, token_ids
 from course.exercises.hints import hint
 from course.function_policy import streaming_policy
 from course.kvcache import KVCache, LayerCache
@@ -63,7 +63,7 @@ def _check_ranks_in_the_cache(fn) -> None:
 # ----------------------------------------------------------------------------- 2. re-rotating cached keys
 @exercise("03.rerotate", "Exercise 2 (re-rotating cached keys)")
 def _check_rerotate(fn) -> None:
-    g = torch.Generator().manual_seed(0)
+    g = generator(0)
     cases = [(torch.tensor([0, 1, 50, 51, 52, 53]), torch.tensor([0, 1, 2, 3, 4, 5]), 1, 10000.0),
              (torch.tensor([0, 1, 2, 3, 907, 904, 905, 906]), torch.tensor([0, 1, 2, 3, 7, 4, 5, 6]), 3, 100000.0)]
     for old, new, heads, theta in cases:

@@ -11,7 +11,7 @@ from torch import Tensor
 from course.attention_analysis import top_k_mass
 from course.builds import drive_layers
 from course.exercises.core import Wrong, exercise
-from course.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
+from course.exercises.fixtures import close, first_difference, generator, policy_trace, tiny_model, token_ids
 from course.exercises.hints import hint
 from course.function_policy import h2o_policy
 from course.kvcache import KVCache, LayerCache
@@ -47,7 +47,7 @@ def _top_mass_by_sorting(weights: Tensor, fraction: float) -> Tensor:
 @exercise("04.top_fraction_mass", "Exercise 1 (how sparse is attention?)", fallback=_top_mass_by_sorting,
           shortcuts=(top_k_mass,))
 def _check_top_fraction(fn) -> None:
-    g = torch.Generator().manual_seed(0)
+    g = generator(0)
     w = torch.softmax(torch.randn(3, 5, 40, generator=g) * 3, -1)
     for f in (0.1, 0.25, 0.01):
         got, want = fn(w, f), _top_mass_by_sorting(w, f)
@@ -89,7 +89,7 @@ def _per_query(raw: Tensor) -> Tensor:
 @exercise("04.accumulated_scores", "Exercise 2 (heavy-hitter scores)", fallback=_prompt_scores_with_course,
           shortcuts=(*_H2O, group_mean))
 def _check_accumulated(fn) -> None:
-    g = torch.Generator().manual_seed(1)
+    g = generator(1)
     h, t, kv = 4, 10, 2
     causal = torch.ones(t, t).tril().bool()
     attn = torch.softmax((torch.randn(h, t, t, generator=g) * 2).masked_fill(~causal, -math.inf), -1)
@@ -191,7 +191,7 @@ def _check_h2o_accumulate(fn) -> None:
     problems = [p for p in map(_run_differs, _h2o_runs(fn, _scores_with_course)) if p]
     if not problems:
         return
-    g = torch.Generator().manual_seed(5)
+    g = generator(5)
     acc = torch.rand(2, 9, generator=g)
     weights = torch.softmax(torch.randn(4, 3, 9, generator=g), -1)
     got = fn(acc.clone(), weights.clone())

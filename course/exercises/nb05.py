@@ -9,7 +9,7 @@ from torch import Tensor
 from course.builds import best_voted
 from course.compression import compress_prompt, compress_prompts
 from course.exercises.core import Wrong, exercise
-from course.exercises.fixtures import close, first_difference, policy_trace, tiny_model, token_ids
+from course.exercises.fixtures import close, first_difference, generator, policy_trace, tiny_model, token_ids
 from course.exercises.guards import GuardedModel
 from course.exercises.hints import hint
 from course.function_policy import snapkv_policy
@@ -46,7 +46,7 @@ def _votes_with_course(attn: Tensor) -> Tensor:
 
 
 def _window_attention(h: int = 3, w: int = 4, s: int = 20, seed: int = 0) -> Tensor:
-    g = torch.Generator().manual_seed(seed)
+    g = generator(seed)
     scores = torch.randn(h, w, s, generator=g) * 2
     causal = torch.ones(w, s).tril(s - w).bool()
     return torch.softmax(scores.masked_fill(~causal, float("-inf")), -1)
@@ -76,7 +76,7 @@ def _pool_with_course(votes: Tensor, kernel: int, kind: str = "max") -> Tensor:
 
 @exercise("05.pool_votes", "Exercise 2 (pooling keeps spans)", fallback=_pool_with_course, shortcuts=_SNAPKV)
 def _check_pool(fn) -> None:
-    g = torch.Generator().manual_seed(2)
+    g = generator(2)
     votes = torch.rand(3, 25, generator=g) ** 4
     for kernel, kind in ((5, "max"), (7, "avg"), (3, "max")):
         got, want = fn(votes, kernel, kind), _pool_with_course(votes, kernel, kind)
@@ -105,7 +105,7 @@ def _keep_with_course(votes: Tensor, capacity: int, window: int, kv_heads: int) 
 @exercise("05.snapkv_keep", "Exercise 3 (per-head selection with GQA)", fallback=_keep_with_course,
           shortcuts=(*_SNAPKV, group_mean, KVCache))
 def _check_keep(fn) -> None:
-    g = torch.Generator().manual_seed(4)
+    g = generator(4)
     votes = torch.rand(6, 30, generator=g)
     for capacity, window, kv in ((12, 4, 3), (8, 2, 2)):
         got, want = fn(votes, capacity, window, kv), _keep_with_course(votes, capacity, window, kv)
@@ -281,7 +281,7 @@ def _diagnose_compress(fn, model, prompt, capacity, window, kernel, pooling, kep
           shortcuts=(*_SNAPKV, compress_prompt, compress_prompts, KVCache.compress, group_mean))
 def _check_snapkv_compress(fn) -> None:
     model = tiny_model("llama", seed=8, n_layer=3)
-    prompt = torch.randint(0, 53, (2, 30), generator=torch.Generator().manual_seed(8))
+    prompt = torch.randint(0, 53, (2, 30), generator=generator(8))
     for capacity, window, kernel, pooling in ((12, 4, 3, "avg"), (10, 3, 5, "avg"), (14, 4, 5, "max")):
         votes, full = _course_votes(model, prompt, SnapKV(capacity, window, kernel, pooling))  # the oracle
         kept, live = _compressed(fn, model, prompt, capacity, window, kernel, pooling)

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from course.builds import layer_parts
 from course.exercises.core import Wrong, exercise
-from course.exercises.fixtures import close, tiny_model
+from course.exercises.fixtures import close, generator, tiny_model
 from course.exercises.hints import hint
 from course.models.attend import attend, attention_weights
 from course.models.base import OutputGate, output_gate
@@ -36,7 +36,7 @@ def _check_prepend(fn) -> None:
 
 @exercise("06.lm_loss", "Exercise 2 (never predict the sink)", fallback=lm_loss, shortcuts=(lm_loss,))
 def _check_loss(fn) -> None:
-    g = torch.Generator().manual_seed(0)
+    g = generator(0)
     inputs = torch.randint(0, 10, (3, 7), generator=g)
     logits = torch.randn(3, 7, 11, generator=g)
     for n_prefix in (1, 0):
@@ -71,7 +71,7 @@ def _sink_softmax(scores: Tensor, sink_logit: Tensor) -> Tensor:
 @exercise("06.softmax_with_sink", "Exercise 3 (a softmax that may attend to nothing)", fallback=_sink_softmax,
           shortcuts=_ATTENTION)
 def _check_softmax(fn) -> None:
-    g = torch.Generator().manual_seed(1)
+    g = generator(1)
     scores = torch.randn(2, 3, 5, generator=g) * 3
     for logit in (torch.tensor([0.0, 2.0]), torch.tensor([-1.0, 5.0])):
         got, want = fn(scores, logit), _sink_softmax(scores, logit)
@@ -101,7 +101,7 @@ def _course_attention(q: Tensor, k: Tensor, v: Tensor, sink_logit: Tensor) -> Te
 @exercise("06.attention_with_sink", "Exercise 4 (attention with a sink logit, end to end)",
           fallback=_course_attention, shortcuts=_ATTENTION)
 def _check_attention(fn) -> None:
-    g = torch.Generator().manual_seed(4)
+    g = generator(4)
     h, t, d = 3, 6, 8
     q, k, v = (torch.randn(h, t, d, generator=g) * 2 for _ in range(3))
     for logit in (torch.tensor([0.0, 1.5, -2.0]), torch.tensor([3.0, -1.0, 0.5])):
@@ -163,7 +163,7 @@ def _course_layer(model) -> tuple[list[Tensor], list[Tensor]]:
     hooks = [block.attn.register_forward_hook(record) for block in model.blocks]
     try:
         with torch.inference_mode():
-            model(torch.randint(0, 53, (2, 11), generator=torch.Generator().manual_seed(6)))
+            model(torch.randint(0, 53, (2, 11), generator=generator(6)))
     finally:
         for h in hooks:
             h.remove()

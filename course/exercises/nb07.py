@@ -15,7 +15,7 @@ from torch import Tensor
 from course.evaluate import (best_policy, compare_after_compression, compare_continuations, continuation_nll,
                              decode_after_compression)
 from course.exercises.core import Wrong, exercise
-from course.exercises.fixtures import tiny_model
+from course.exercises.fixtures import generator, tiny_model
 from course.exercises.guards import GuardedModel
 from course.exercises.nb03 import streaming_scores_with_course
 from course.function_policy import score_policy
@@ -61,7 +61,7 @@ def _perplexity_with_course(model, ids: Tensor, context: int, policy) -> float:
           shortcuts=(continuation_nll, compare_continuations, decode_after_compression, compare_after_compression))
 def _check_protocol(fn) -> None:
     model = tiny_model("llama", seed=4)
-    ids = torch.randint(0, 53, (2, 40), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 53, (2, 40), generator=generator(0))
     for make in (lambda: SnapKV(10, obs_window=3), lambda: H2O(4, 4), lambda: SlidingWindow(8)):
         want = _perplexity_with_course(model, ids, 24, make())
         with GuardedModel(model, policies=True) as guarded:
@@ -119,7 +119,7 @@ def _streaming_keep_scores(positions: Tensor, attention: Tensor, seen: int, budg
 
 def _slots(h: int, s: int, seen: int, seed: int) -> tuple[Tensor, Tensor]:
     """A cache after evictions: [h, s] distinct positions below ``seen`` in scrambled slot order, and attention."""
-    g = torch.Generator().manual_seed(seed)
+    g = generator(seed)
     kept = torch.stack([torch.cat([torch.arange(4), 4 + torch.randperm(seen - 4, generator=g)[: s - 4]])
                         for _ in range(h)])
     order = torch.stack([torch.randperm(s, generator=g) for _ in range(h)])
@@ -140,7 +140,7 @@ def _check_my_policy(fn) -> None:
     if bool(got.isnan().any()):
         raise Wrong("a NaN score cannot be compared: the cache would evict an arbitrary slot (0 / 0 somewhere?)")
     recent = torch.cat([torch.arange(4), torch.arange(seen - budget + 4, seen)])  # sinks + the newest tokens
-    recent = recent[torch.randperm(budget, generator=torch.Generator().manual_seed(7))].expand(2, budget)
+    recent = recent[torch.randperm(budget, generator=generator(7))].expand(2, budget)
     streaming_like = torch.as_tensor(fn(recent.clone(), attention.clone(), seen, budget)).double()
     pinned = max(int(torch.isinf(x).logical_and(x > 0).sum(-1).max()) for x in (got, streaming_like))
     if pinned >= budget:
@@ -150,7 +150,7 @@ def _check_my_policy(fn) -> None:
     if not torch.equal(again.nan_to_num(posinf=1e300), got.nan_to_num(posinf=1e300)):
         raise Wrong("the same cache gave different scores: decide from the arguments only (no random numbers "
                     "without a fixed seed, no state kept between calls, nothing from outside the cache)")
-    perm = torch.randperm(budget, generator=torch.Generator().manual_seed(6))
+    perm = torch.randperm(budget, generator=generator(6))
     moved = torch.as_tensor(fn(positions[:, perm].clone(), attention[:, perm].clone(), seen, budget)).double()
     if not torch.allclose(moved.nan_to_num(posinf=1e300), got[:, perm].nan_to_num(posinf=1e300)):
         raise Wrong("your scores depend on where a token sits in the cache (its slot index), not on what the cache "
@@ -161,7 +161,7 @@ def _check_my_policy(fn) -> None:
 def _check_policy_in_protocol(fn) -> None:
     """The student's scores as a policy in the real cache, through notebook 07's protocol: a finite loss."""
     model = tiny_model("llama", seed=4)
-    ids = torch.randint(0, 53, (2, 36), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 53, (2, 36), generator=generator(1))
     with torch.inference_mode():
         nll = continuation_nll(model, ids, 24, score_policy(fn, 10))
     if not bool(torch.isfinite(nll).all()):

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from course.exercises.core import Wrong, exercise
-from course.exercises.fixtures import close, tiny_model
+from course.exercises.fixtures import close, generator, tiny_model
 from course.exercises.hints import hint
 from course.policies import make_policy
 from course.quantize import KIVI, RoundingFunction, dequantize, fake_quantize, quantize
@@ -37,7 +37,7 @@ def _first_wrong(fn, x: Tensor, cases: tuple, want) -> tuple[Tensor, tuple] | No
 @exercise("08.round_trip", "Exercise 1 (b bits, asymmetric, one scale per group)", fallback=_round_with_course,
           shortcuts=_QUANTIZE)
 def _check_round_trip(fn) -> None:
-    x = torch.randn(3, 16, 8, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 3 + 1
+    x = torch.randn(3, 16, 8, generator=generator(8), dtype=torch.float64) * 3 + 1
     miss = _first_wrong(fn, x, ((2, 1), (4, -1), (8, 1)), fake_quantize)
     if miss is None:
         return
@@ -72,7 +72,7 @@ def _values_with_course(v: Tensor, bits: int, group: int) -> Tensor:
 @exercise("08.round_values", "Exercise 2 (values per token, over groups of channels)", fallback=_values_with_course,
           shortcuts=_QUANTIZE)
 def _check_round_values(fn) -> None:
-    v = torch.randn(2, 3, 5, 16, generator=torch.Generator().manual_seed(9), dtype=torch.float64) * 2
+    v = torch.randn(2, 3, 5, 16, generator=generator(9), dtype=torch.float64) * 2
     v[..., 3] += 20  # one large channel: a slip that groups across tokens or channels shows
     miss = _first_wrong(fn, v, ((2, 4), (4, 8), (8, 16)), _values_with_course)
     if miss is None:
@@ -123,7 +123,7 @@ def _same(a, b) -> bool:
           fallback=_settle_with_course, shortcuts=_QUANTIZE)
 def _check_kivi_settle(fn) -> None:
     model = tiny_model("llama", seed=8)
-    ids = torch.randint(0, 53, (2, 40), generator=torch.Generator().manual_seed(8))
+    ids = torch.randint(0, 53, (2, 40), generator=generator(8))
     for name, budget, settings in SETTINGS:
         try:
             got = _run(fn, model, ids, name, budget, settings)

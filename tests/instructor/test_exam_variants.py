@@ -13,6 +13,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from course.exercises.core import Wrong
 from course.exercises.questions import BY_ID, QUESTIONS, decode_key, judge
@@ -240,3 +241,34 @@ def test_a_notebook_that_disagrees_with_its_template_stops_release(tmp_path):
     with pytest.raises(ReleaseError, match="01.q_bytes_per_token: the question printed is not its template's text"):
         release(notebooks, tmp_path / "student")
     assert not (tmp_path / "student").exists()
+
+
+def test_the_checkers_inputs_are_the_exams_and_a_table_of_public_outputs_does_not_transfer():
+    """A student who records the outputs the course gives for the checker's public inputs and answers from that table
+    passes where the inputs are the public ones, and fails every graded release: its inputs are drawn from its seed."""
+    from course.exercises.core import REGISTRY
+    from course.exercises.fixtures import exam, tiny_model
+    from course.exercises.nb08 import _values_with_course
+
+    with exam(None):
+        public = tiny_model("llama", seed=8).lm_head.weight.clone()
+    with exam(12345):
+        drawn = tiny_model("llama", seed=8).lm_head.weight.clone()
+    assert not torch.equal(public, drawn)
+
+    table: dict = {}
+
+    def recorder(v, bits, group):
+        table[(v.numpy().tobytes(), bits, group)] = out = _values_with_course(v, bits, group)
+        return out
+
+    def from_the_table(v, bits, group):
+        return table[(v.numpy().tobytes(), bits, group)]
+
+    checker = REGISTRY["08.round_values"].checker
+    with exam(None):
+        checker(recorder)
+        checker(from_the_table)  # the public inputs: the table knows every answer
+    for seed in (0, 7, 2**31):
+        with exam(seed), pytest.raises((KeyError, Wrong)):
+            checker(from_the_table)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import course.exercises  # noqa: F401  (registers every exercise)
 from course.__main__ import main
 from course.exercises import REGISTRY, ExerciseFailed, NotDoneYet, check, nb01, nb02, nb05, nb07
+from course.exercises.fixtures import exam
 from course.exercises.core import AUTOFILL_ENV, _judge, result_of
 from course.exercises.serve import SOCKET_ENV
 from course.instructor.grading.grade import grade
@@ -324,9 +325,12 @@ def test_autofills_fallback_is_right_and_a_shortcut_where_the_exercise_builds(ex
 
 
 @pytest.mark.parametrize("exercise_id, index", [(e, i) for e in sorted(WRONG) for i in range(len(WRONG[e]))])
-def test_wrong_version_gets_its_hint(exercise_id, index):
+@pytest.mark.parametrize("seed", [None, 2024])
+def test_wrong_version_gets_its_hint(exercise_id, index, seed):
+    """On the public inputs and on a graded release's (``exam``: the checkers' inputs drawn from its seed)."""
     fn, hint = WRONG[exercise_id][index]
-    status, feedback = result_of(REGISTRY[exercise_id], fn)
+    with exam(seed):
+        status, feedback = result_of(REGISTRY[exercise_id], fn)
     assert status == "wrong" and hint in feedback, (status, feedback)
 
 

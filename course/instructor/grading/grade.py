@@ -49,6 +49,7 @@ from nbclient.exceptions import DeadKernelError
 
 import course.exercises  # noqa: F401  (registers every notebook's exercises)
 from course.exercises.core import AUTOFILL_ENV, REGISTRY, Exercise
+from course.exercises.fixtures import exam
 from course.instructor.grading.gradebook import Gradebook, file_digest, in_order
 from course.instructor.grading.isolation import NO_SANDBOX, SANDBOXED, Isolation, find_isolation, kernel_env
 from course.instructor.grading.key import GradingKey, measures, read_key
@@ -262,10 +263,12 @@ def grade_submission(sub: Submission, timeout: int = 300, total_timeout: int | N
     ``timeout``: seconds each cell may run; ``total_timeout``: seconds the whole notebook may run
     (default 6 x ``timeout``); ``limits``: the sandbox's (default: CPU time 2 x ``total_timeout``);
     ``threads``: torch threads of the kernel (default: the notebook chooses); ``key``: the grading key of the
-    release the submission was made from; ``isolation``: the walls the kernel runs in (``find_isolation()``), or
-    None for no walls, which every row records (``isolation``). Never raises because of the submission's content.
+    release the submission was made from (its seed draws the checkers' inputs); ``isolation``: the walls the
+    kernel runs in (``find_isolation()``), or None for no walls, which every row records (``isolation``). Never
+    raises because of the submission's content.
     """
-    rows = _grade_rows(sub, timeout, total_timeout, limits, threads, key, isolation)
+    with exam(key.seed):  # the checkers draw their inputs for this release
+        rows = _grade_rows(sub, timeout, total_timeout, limits, threads, key, isolation)
     for row in rows:
         row["isolation"] = SANDBOXED if isolation is not None else NO_SANDBOX
     return rows
