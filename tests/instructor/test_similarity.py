@@ -134,10 +134,10 @@ def test_entries_from_a_gradebook_leave_out_duplicates_and_unattributed_files():
                                        Entry("cyd", "02", Path("c/cyd/02.ipynb"))]
 
 
-def test_grade_writes_the_report_of_every_submission_also_when_it_resumes(tmp_path, monkeypatch):
-    """Grading itself is replaced here by a stand-in (no kernel): what is checked is that the report follows."""
+def _graded_by_a_stand_in(monkeypatch, tmp_path: Path) -> Path:
+    """Grading replaced by a stand-in that passes every submission (no kernel); returns a key file."""
     from course.instructor.grading import grade as grading
-    from course.instructor.grading.gradebook import Gradebook, file_digest
+    from course.instructor.grading.gradebook import file_digest
 
     def graded(sub, *args, **kwargs):
         return [dict(student=sub.student, notebook=sub.notebook, exercise="01.kv_cache_bytes", points=1,
@@ -147,6 +147,15 @@ def test_grade_writes_the_report_of_every_submission_also_when_it_resumes(tmp_pa
     monkeypatch.setattr(grading, "grade_submission", graded)
     key = tmp_path / "key.json"
     write_key(KEY, key)
+    return key
+
+
+def test_grade_writes_the_report_of_every_submission_also_when_it_resumes(tmp_path, monkeypatch):
+    """Grading itself is replaced here by a stand-in (no kernel): what is checked is that the report follows."""
+    from course.instructor.grading import grade as grading
+    from course.instructor.grading.gradebook import Gradebook
+
+    key = _graded_by_a_stand_in(monkeypatch, tmp_path)
     root = tmp_path / "class"
     _class(root, {"bo": filled(HONEST["bo"]), "cyd": filled(HONEST["cyd"])})
     grading.grade([root], gradebook=Gradebook(tmp_path / "book"), key=key)
@@ -164,17 +173,10 @@ def test_grade_writes_the_report_of_every_submission_also_when_it_resumes(tmp_pa
 def test_shards_write_no_report_and_their_merge_with_the_key_writes_the_class(tmp_path, monkeypatch, capsys):
     from course.__main__ import main
     from course.instructor.grading import grade as grading
-    from course.instructor.grading.gradebook import Gradebook, file_digest
+    from course.instructor.grading.gradebook import Gradebook
     from course.instructor.grading.shards import Shard
 
-    def graded(sub, *args, **kwargs):
-        return [dict(student=sub.student, notebook=sub.notebook, exercise="01.kv_cache_bytes", points=1,
-                     max_points=1, status="pass", feedback="", submission=str(sub.path),
-                     sha256=file_digest(sub.path), cells_failed="", isolation="bubblewrap")]
-
-    monkeypatch.setattr(grading, "grade_submission", graded)
-    key = tmp_path / "key.json"
-    write_key(KEY, key)
+    key = _graded_by_a_stand_in(monkeypatch, tmp_path)
     root = tmp_path / "class"
     _class(root, {"ada": filled(HONEST["ada"]), "bo": filled(HONEST["bo"]), "eve": filled(DISGUISED_BO),
                   "fay": pasted_solution()})
