@@ -163,3 +163,13 @@ def test_an_exercise_left_undone_costs_no_other_exercise(number, isolation):
 def test_an_honest_build_passes_the_second_check(isolation):
     result = _recheck(_honest("08"), "08.kivi_settle", isolation)
     assert result == CheckResult("pass", "correct", REGISTRY["08.kivi_settle"].points)
+
+
+def test_a_global_the_notebook_computed_goes_to_review_not_to_zero(isolation):
+    """A correct function that reads a global made by a call (not defined again in the second check) is put up for
+    review, with the name in the feedback; the same function forwarding is still refused."""
+    body = ("FACTOR = int('2')\n"
+            "def {name}(n_layers, kv_heads, head_dim, tokens, batch=1, dtype_bytes=2):\n"
+            "    return FACTOR * n_layers * kv_heads * head_dim * tokens * batch * dtype_bytes\n")
+    result = _recheck(_handing_back("01.kv_cache_bytes", body), "01.kv_cache_bytes", isolation)
+    assert result.status == "review" and "FACTOR" in result.feedback and result.points == 0, result

@@ -292,6 +292,20 @@ def second_checks(nb: nbformat.NotebookNode, exercises: list[Exercise], results:
         stand_ins = {calls[other.id][1]: other.fallback for other_cell, _, other in order
                      if other_cell < cell and other.fallback is not None
                      and getattr(final.get(other.id), "status", None) != "pass"}
-        final[ex.id] = recheck(ex, nb, stand_ins, isolation=isolation, time_limit=time_limit, limits=limits,
-                               extra_env=extra_env, measure=measures.get(ex.id))
+        again = recheck(ex, nb, stand_ins, isolation=isolation, time_limit=time_limit, limits=limits,
+                        extra_env=extra_env, measure=measures.get(ex.id))
+        final[ex.id] = _missing_name(again) if result.status != "forwarded" else again
     return final
+
+
+def _missing_name(result: CheckResult) -> CheckResult:
+    """A function that passed in the kernel but needs, defined again, a name the notebook computed (a global made
+    by a call, which is not run again): for the instructor to look at, not a zero."""
+    raised = "your function raised "
+    if result.status == "error" and result.feedback.startswith(raised + "NameError"):
+        return CheckResult("review", "correct in the notebook, but defined again without the course's own "
+                                     "implementation it needs a name your notebook computed ("
+                           + result.feedback[len(raised):]
+                           + "): points withheld until reviewed; pass it as an argument or define it in the "
+                             "function")
+    return result
