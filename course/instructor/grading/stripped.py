@@ -143,12 +143,13 @@ def strip_course(ex: Exercise) -> Path:
 
 def check_call(nb: nbformat.NotebookNode, exercise_id: str) -> tuple[int, str, str] | None:
     """(index of the check cell, the name it rebinds, the name of the function it checks) of ``exercise_id``."""
-    pattern = re.compile(r"^\s*(\w+)\s*=\s*check\(\s*['\"]" + re.escape(exercise_id) + r"['\"]\s*,\s*(\w+)", re.M)
+    pattern = re.compile(r"^\s*(?:(\w+)\s*=\s*)?check\(\s*['\"]" + re.escape(exercise_id) + r"['\"]\s*,\s*(\w+)",
+                         re.M)
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
             found = pattern.search(cell.source)
             if found:
-                return index, found.group(1), found.group(2)
+                return index, found.group(1) or found.group(2), found.group(2)
     return None
 
 
