@@ -156,7 +156,7 @@ def kernel_env(scratch: Path, extra: dict[str, str]) -> dict[str, str]:
            "TMPDIR": str(scratch), "LANG": "C.UTF-8", "MPLCONFIGDIR": str(scratch / ".matplotlib"),
            "PYTHONPATH": str(package.parent), "COURSE_CACHE": str(course_cache),
            "HF_HOME": str(scratch / ".huggingface"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONDONTWRITEBYTECODE": "1"}
+           "PYTHONDONTWRITEBYTECODE": "1", "USER": "student", "LOGNAME": "student"}  # no passwd entry inside
     if sys.prefix != sys.base_prefix:
         env["VIRTUAL_ENV"] = sys.prefix
     if hub_cache.is_dir():
