@@ -8,10 +8,10 @@ reports a score. Objects the grader keeps (the checker's model, a cache, a polic
 ``RemoteObject`` handles: calling one, reading a public attribute or indexing it asks the grader.
 
 While ``fn`` runs, the kernel watches whether one of the exercise's shortcuts (the course's own implementation
-of what the exercise asks for, ``course.exercises.shortcuts``) is entered and names it with the answer; the
-grader reports such an answer as a shortcut, with 0 points. This code runs in the student's process: a
-submission can disable the watch, but the grader also reads the submitted source (lines that switch off profile
-hooks are put up for review), and the builds' models refuse the shortcuts in the grader's own process.
+of what the exercise asks for, ``course.exercises.shortcuts``) is entered and names it with the answer. This code
+runs in the student's process, so it decides nothing: the grader checks every exercise with shortcuts a second
+time, where they are absent (``course.exercises.replay``, ``course.instructor.grading.stripped``), and that
+verdict is the exercise's.
 """
 
 from __future__ import annotations

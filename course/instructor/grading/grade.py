@@ -1,22 +1,24 @@
 """The autograder: ``python -m course grade PATH... [--layout folders|flat] [--out DIR] ...``.
 
 Submissions are found and named by ``course.instructor.grading.submissions`` (one explicit layout rule). Each
-submission runs top to bottom in a fresh ``python3`` kernel under the sandbox supervisor
-(``course.instructor.grading.sandbox``: own session, private temporary folder, CPU / memory / file-size limits,
-everything it starts killed when it ends), with ``FAST = True`` and ``AUTOFILL = False`` injected after
-its ``parameters`` cell and a minimal environment. The grader decides, the kernel only answers: at each
-``check(...)`` cell the kernel connects to the grader, and the grader runs the exercise's checker in its
-own process, calling the student's function in the kernel with the checker's inputs
-(``course.instructor.grading.remote``). Nothing the kernel writes, patches or prints is read as a result.
+submission runs top to bottom in a fresh ``python3`` kernel inside its own bubblewrap sandbox
+(``course.instructor.grading.isolation``: its scratch and control folders and the read-only install, nothing
+else of this machine; no network; an allow-listed environment; channels over IPC) under the supervisor of
+``course.instructor.grading.sandbox`` (CPU / memory / file-size limits, everything it starts killed when it
+ends), with ``FAST = True`` and ``AUTOFILL = False`` injected after its ``parameters`` cell. The grader decides,
+the kernel only answers: at each ``check(...)`` cell the kernel connects to the grader, and the grader runs the
+exercise's checker in its own process, calling the student's function in the kernel with the checker's inputs
+(``course.instructor.grading.remote``), drawn for the release being graded (``course.exercises.fixtures.exam``).
+Nothing the kernel writes, patches or prints is read as a result. Every exercise with shortcuts is then checked a
+second time where they are absent (``course.instructor.grading.stripped``), and that verdict is the exercise's.
 
 A cell that raises does not stop the run; a cell that runs longer than the per-cell timeout, or prints
-more than the output limit, is interrupted; the whole notebook also has an overall time limit. Grade
-untrusted submissions inside a container or a throwaway account as well: the sandbox limits a
-submission's resources and lifetime, it does not hide your files from it (see docs/grading.md).
+more than the output limit, is interrupted; the whole notebook also has an overall time limit.
 
 Every registered exercise of the notebook (``course.exercises.REGISTRY``, ids ``"NN.*"``) gets one row:
-``student, notebook, exercise, points, max_points, status, feedback, submission, sha256, cells_failed`` (the last:
-every cell of the submission that raised, whatever the exercises, so that a notebook broken elsewhere is seen).
+``student, notebook, exercise, points, max_points, status, feedback, submission, sha256, cells_failed, isolation``
+(``cells_failed``: every cell of the submission that raised, whatever the exercises, so that a notebook broken
+elsewhere is seen; ``isolation``: ``bubblewrap``, or ``none (--no-sandbox)``).
 The grading key (``course.instructor.grading.key``, written by release) gives what the mechanisms cannot: the
 questions' answers and the capstone's held-out passages, measured after a checker passed, and the released copy's
 lines, which the scan of the source never holds against a student. ``status``
