@@ -38,6 +38,7 @@ from pathlib import Path
 import nbformat
 
 from course.exercises.questions import QUESTIONS, QuestionKey, encode_key
+from course.instructor.solutions import is_marker
 
 __all__ = ["ReleaseError", "Difference", "strip_solutions", "student_notebook", "release", "check_release",
            "load_answer_key", "ANSWER_KEY", "CAPSTONE_PASSAGES"]
@@ -64,12 +65,6 @@ class Difference:
     problem: str  # "differs", "missing" or "no solution notebook"
 
 
-def _is_marker(line: str, marker: str, cell_type: str) -> bool:
-    if cell_type == "markdown":
-        line = re.sub(r"`+[^`]*`+", "", line)  # quoted code mentions markers, it is not one
-    return marker in line
-
-
 def strip_solutions(source: str, where: str, cell_type: str = "code") -> str:
     """Replace every solution region of one cell's ``source`` by the stub of its cell type.
 
@@ -81,16 +76,16 @@ def strip_solutions(source: str, where: str, cell_type: str = "code") -> str:
     out: list[str] = []
     begin_line: int | None = None
     for number, line in enumerate(source.split("\n"), start=1):
-        if _is_marker(line, BEGIN, cell_type):
+        if is_marker(line, BEGIN, cell_type):
             if begin_line is not None:
                 raise ReleaseError(f"{where}: nested '{BEGIN}' at line {number} "
                                    f"(the region opened at line {begin_line} is not closed)")
-            if _is_marker(line, END, cell_type):
+            if is_marker(line, END, cell_type):
                 raise ReleaseError(f"{where}: '{BEGIN}' and '{END}' on the same line {number}")
             begin_line = number
             indent = line[: len(line) - len(line.lstrip())] if cell_type == "code" else ""
             out.append(indent + stub)
-        elif _is_marker(line, END, cell_type):
+        elif is_marker(line, END, cell_type):
             if begin_line is None:
                 raise ReleaseError(f"{where}: '{END}' at line {number} without a '{BEGIN}' before it")
             begin_line = None

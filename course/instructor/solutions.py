@@ -27,8 +27,9 @@ import nbformat
 
 from course.exercises.questions import BY_ID as QUESTION
 
-__all__ = ["ExerciseCell", "exercise_cells", "solution_functions", "paste_solutions", "without_markers",
-           "printed_options", "understanding", "question_paragraph", "split_options", "UNDERSTANDING"]
+__all__ = ["ExerciseCell", "exercise_cells", "solution_functions", "paste_solutions", "without_markers", "is_marker",
+           "solution_pieces", "printed_options", "understanding", "question_paragraph", "split_options",
+           "UNDERSTANDING"]
 
 UNDERSTANDING = "## Check your understanding"  # the heading of the markdown cell that prints the questions
 
@@ -94,24 +95,25 @@ def solution_functions(path: Path) -> dict[str, Callable]:
     return {ex.id: namespace[ex.name] for ex in cells.values()}
 
 
-def _is_marker(line: str, marker: str, cell_type: str) -> bool:
-    """Release's rule (``course.instructor.release``): a line naming the marker; in markdown, outside backticks."""
+def is_marker(line: str, marker: str, cell_type: str) -> bool:
+    """The markers' rule (release's, nbgrader's): a line naming the marker; in markdown, outside backticks (quoted
+    code mentions markers, it is not one)."""
     if cell_type == "markdown":
         line = re.sub(r"`+[^`]*`+", "", line)
     return marker in line
 
 
-def _pieces(source: str, cell_type: str) -> list[str | list[str]]:
+def solution_pieces(source: str, cell_type: str) -> list[str | list[str]]:
     """A solution cell as release sees it: each line outside a solution region (a str), each region's lines
     without its markers (a list), in order; a student copy has one line per piece."""
     BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
     pieces: list[str | list[str]] = []
     region: list[str] | None = None
     for line in source.split("\n"):
-        if _is_marker(line, BEGIN, cell_type):
+        if is_marker(line, BEGIN, cell_type):
             region = []
             pieces.append(region)
-        elif _is_marker(line, END, cell_type):
+        elif is_marker(line, END, cell_type):
             region = None
         elif region is not None:
             region.append(line)
@@ -123,7 +125,7 @@ def _pieces(source: str, cell_type: str) -> list[str | list[str]]:
 def _pasted(student: str, solution: str, cell_type: str) -> str:
     """The student's cell with each region as the solution has it; the solution's cell, markers dropped, when the
     two do not line up."""
-    pieces, lines = _pieces(solution, cell_type), student.split("\n")
+    pieces, lines = solution_pieces(solution, cell_type), student.split("\n")
     if len(pieces) != len(lines):
         return without_markers(solution)
     out: list[str] = []

@@ -50,7 +50,6 @@ import copy
 import csv
 import io
 import json
-import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -60,6 +59,7 @@ import numpy as np
 
 from course.instructor.grading.gradebook import atomic_write, csv_cell
 from course.instructor.grading.key import GradingKey, line_fingerprint
+from course.instructor.solutions import solution_pieces
 
 __all__ = ["COURSE", "THRESHOLD", "Pair", "Entry", "written_lines", "solution_lines", "written_code",
            "compare_notebook", "similarity_report", "write_similarity", "format_markdown", "entries_from_rows"]
@@ -78,7 +78,6 @@ LINE_CHARS = 80  # ... each cut to this many characters
 FILES = ("similarity.csv", "similarity.json", "similarity.md")
 COLUMNS = ("notebook", "student_a", "student_b", "score", "share_a", "share_b", "overlap", "flagged", "lines_a",
            "lines_b", "submission_a", "submission_b")
-_BEGIN, _END = re.compile(r"BEGIN SOLUTION"), re.compile(r"END SOLUTION")
 
 
 @dataclass
@@ -127,17 +126,8 @@ def written_lines(nb: dict, released: frozenset[str]) -> list[str]:
 def solution_lines(nb: dict, released: frozenset[str] = frozenset()) -> list[str]:
     """The code lines inside the solution regions of a solution notebook (markers dropped) that are not in the
     released copy: the course's public solutions, as a student would paste them."""
-    out = []
-    for source in _code_sources(nb):
-        inside = False
-        for line in source.splitlines():
-            if _BEGIN.search(line):
-                inside = True
-            elif _END.search(line):
-                inside = False
-            elif inside and line.strip() and line_fingerprint(line) not in released:
-                out.append(line)
-    return out
+    return [line for source in _code_sources(nb) for piece in solution_pieces(source, "code")
+            if isinstance(piece, list) for line in piece if line.strip() and line_fingerprint(line) not in released]
 
 
 def written_code(path: Path, released: frozenset[str]) -> str | None:
