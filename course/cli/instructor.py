@@ -151,7 +151,7 @@ def _grade(args: argparse.Namespace) -> dict:
                                                                              ("copydetect",)))
     from course.instructor.grading.gradebook import Gradebook, format_gradebook, totals
     from course.instructor.grading.grade import grade, stop_on_signals
-    from course.instructor.grading.isolation import find_isolation
+    from course.instructor.grading.isolation import walls
     from course.instructor.grading.key import read_key
     from course.instructor.grading.sandbox import Limits
     from course.instructor.grading.shards import check_out_for
@@ -161,9 +161,7 @@ def _grade(args: argparse.Namespace) -> dict:
     shard = args.shard
     jobs = args.jobs or cpu_cores()
     read_key(Path(args.key))  # an unusable key is reported before anything is graded
-    isolation = None if args.no_sandbox else find_isolation()  # so is a machine that cannot wall kernels in
-    if isolation is not None:
-        isolation.check_absent("the grading key", Path(args.key))
+    isolation = walls(not args.no_sandbox, Path(args.key), args.paths)  # so is a machine without walls for them
     find_submissions(args.paths, args.layout)  # a missing PATH is reported before --out is created
     check_out_for(Path(args.out), shard)
     book = Gradebook(Path(args.out), regrade=args.regrade)  # checked before anything is graded

@@ -28,7 +28,7 @@ __all__ = ["main", "define"]
 EXERCISE_ENV = "COURSE_REPLAY_EXERCISE"
 
 
-def define(statements: list[str], name: str) -> dict:
+def define(statements: list[str]) -> dict:
     """A namespace in which each of ``statements`` ran (those that raised left nothing)."""
     namespace: dict = {"__name__": "__main__"}
     for number, source in enumerate(statements):
@@ -52,7 +52,7 @@ def main() -> int:
             if not (isinstance(setup, tuple) and len(setup) == 4 and setup[0] == "setup"):
                 return 2
             _, statements, name, stand_ins = setup
-            namespace = define(list(statements), str(name))
+            namespace = define(list(statements))
             for alias, ref in dict(stand_ins).items():
                 namespace[str(alias)] = RemoteObject(sock, ref)
             fn = namespace.get(str(name))

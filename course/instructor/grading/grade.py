@@ -12,8 +12,9 @@ exercise's checker in its own process, calling the student's function in the ker
 Nothing the kernel writes, patches or prints is read as a result. Every exercise with shortcuts is then checked a
 second time where they are absent (``course.instructor.grading.stripped``), and that verdict is the exercise's.
 
-A cell that raises does not stop the run; a cell that runs longer than the per-cell timeout, or prints
-more than the output limit, is interrupted; the whole notebook also has an overall time limit.
+Running the notebook is ``course.instructor.grading.execution``'s: a cell that raises does not stop the run; a
+cell that runs longer than the per-cell timeout, or prints more than the output limit, is interrupted; the whole
+notebook also has an overall time limit.
 
 Every registered exercise of the notebook (``course.exercises.REGISTRY``, ids ``"NN.*"``) gets one row:
 ``student, notebook, exercise, points, max_points, status, feedback, submission, sha256, cells_failed, isolation``
@@ -32,32 +33,25 @@ attributed (see ``course.instructor.grading.submissions``) gets a single row wit
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import math
-import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from time import monotonic
 
 import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
 
 import course.exercises  # noqa: F401  (registers every notebook's exercises)
 from course.exercises.core import AUTOFILL_ENV, REGISTRY, Exercise
 from course.exercises.fixtures import exam
+from course.instructor.grading.execution import Run, describe, execute
 from course.instructor.grading.gradebook import Gradebook, file_digest, in_order
-from course.instructor.grading.isolation import NO_SANDBOX, SANDBOXED, Isolation, find_isolation, kernel_env
+from course.instructor.grading.isolation import NO_SANDBOX, SANDBOXED, Isolation, kernel_env, walls
 from course.instructor.grading.key import GradingKey, measures, read_key
 from course.instructor.grading.pool import GradingPool
 from course.instructor.grading.remote import CheckResult, CheckServer
-from course.instructor.grading.sandbox import Limits, SandboxedKernelManager, stop_sandbox
+from course.instructor.grading.sandbox import Limits
 from course.instructor.grading.scan import grader_internals
 from course.instructor.grading.shards import Shard, write_record
 from course.instructor.grading.stripped import second_checks
@@ -68,130 +62,6 @@ from course.threads import THREADS_ENV
 __all__ = ["grade_submission", "grade", "stop_on_signals", "thread_env", "Limits", "NEEDS_KEY"]
 
 NEEDS_KEY = ("question", "capstone")  # exercises graded with what only the key holds
-INJECTED_PARAMETERS = "# Parameters injected by the autograder\nFAST = True\nAUTOFILL = False\n"
-TIMEOUT_ENAME = "CellTimeout"
-_LOG = logging.getLogger("course.instructor.grading.grade")  # nbclient's messages (timeouts, ...) stay off the console
-_LOG.addHandler(logging.NullHandler())
-_LOG.propagate = False
-
-
-# ----------------------------------------------------------------------------- execution
-@dataclass
-class _CellOutcome:
-    error: str | None = None  # "NameError: name 'x' is not defined"; None when the cell ran cleanly
-    timed_out_after: int | None = None  # seconds, when the cell was interrupted
-
-
-@dataclass
-class _Run:
-    cells: dict[int, _CellOutcome] = field(default_factory=dict)  # by index in the submitted notebook
-    stopped: str | None = None  # why the run ended before the last cell
-
-
-class _QuietClient(NotebookClient):
-    """Keeps no outputs (grades never come from them) and interrupts a cell that prints too much."""
-
-    output_limit: int = Limits().output_mb * 2**20
-    printed: int = 0  # bytes of output of the current cell
-    flooded: bool = False  # the current cell went over the limit and was interrupted
-
-    def new_cell(self) -> None:
-        self.printed, self.flooded = 0, False
-
-    def output(self, outs, msg, display_id, cell_index):
-        content = msg.get("content", {})
-        self.printed += len(str(content.get("text", ""))) + len(str(content.get("data", "")))
-        if self.printed > self.output_limit and not self.flooded:
-            self.flooded = True
-            asyncio.ensure_future(self.km.interrupt_kernel())
-        return None
-
-
-def _with_parameters(nb: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, list[int | None]]:
-    """The notebook with the grading parameters injected after its ``parameters`` cell (or first), and
-    for every cell its index in the submitted notebook (None for the injected one)."""
-    tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
-    at = tagged[0] + 1 if tagged else 0
-    origin: list[int | None] = list(range(len(nb.cells)))
-    nb.cells.insert(at, nbformat.v4.new_code_cell(INJECTED_PARAMETERS))
-    origin.insert(at, None)
-    return nb, origin
-
-
-def _describe(nb: nbformat.NotebookNode, index: int) -> str:
-    """'cell 7 (`first line …`)': where a cell is, for feedback (cells counted from 1, markdown included)."""
-    first = next((line.strip() for line in nb.cells[index].source.splitlines() if line.strip()), "")
-    return f"cell {index + 1} (`{first[:40]}{'…' if len(first) > 40 else ''}`)"
-
-
-def _execute(nb: nbformat.NotebookNode, workdir: Path, control: Path, env: dict[str, str], timeout: int,
-             total_timeout: int, limits: Limits, isolation: Isolation | None) -> _Run:
-    """Run every code cell in a sandboxed kernel, past errors, each within ``timeout`` s and all within
-    ``total_timeout`` s; when it ends, everything the kernel started is killed. The kernel's connection
-    file and its channels (IPC transport: files, never TCP) go to ``control`` (removed with it, even when the
-    run is interrupted). With ``isolation`` the kernel sees ``workdir`` and ``control`` and the read-only
-    install, nothing else."""
-    run_nb, origin = _with_parameters(nbformat.from_dict(nb))
-    run = _Run()
-    reply: dict[str, dict] = {}
-
-    def on_executed(cell, cell_index, execute_reply) -> None:
-        reply["content"] = (execute_reply or {}).get("content", {})
-
-    km = type("_Limited", (SandboxedKernelManager,), {"limits": limits, "isolation": isolation,
-                                                       "writable": (workdir, control), "workdir": workdir})(
-        kernel_name="python3", connection_file=str(control / "kernel.json"), transport="ipc",
-        ip=str(control / "channel"))
-    client = _QuietClient(run_nb, km=km, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
-                          record_timing=False, shutdown_kernel="immediate", on_cell_executed=on_executed,
-                          resources={"metadata": {"path": str(workdir)}}, log=_LOG)
-    client.output_limit = limits.output_mb * 2**20
-    deadline = monotonic() + total_timeout
-    with client.setup_kernel(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
-        try:
-            _run_cells(client, run_nb, nb, origin, run, reply, timeout, total_timeout, deadline, limits)
-        finally:
-            stop_sandbox(km)
-    return run
-
-
-def _run_cells(client: _QuietClient, run_nb: nbformat.NotebookNode, nb: nbformat.NotebookNode,
-               origin: list[int | None], run: _Run, reply: dict, timeout: int, total_timeout: int,
-               deadline: float, limits: Limits) -> None:
-    for index, cell in enumerate(run_nb.cells):
-        if cell.cell_type != "code" or not cell.source.strip():
-            continue
-        where = "the injected parameters" if origin[index] is None else _describe(nb, origin[index])
-        remaining = deadline - monotonic()
-        if remaining <= 0:
-            run.stopped = f"the notebook used up its overall time limit of {total_timeout} s before {where}"
-            return
-        limit = max(1, math.ceil(min(timeout, remaining)))
-        client.timeout = limit
-        client.error_on_timeout = {"ename": TIMEOUT_ENAME, "evalue": f"interrupted after {limit} s"}
-        client.new_cell()
-        reply.clear()
-        try:
-            client.execute_cell(cell, index)
-        except DeadKernelError:
-            run.stopped = (f"the kernel died in {where} (a crash, os._exit(), out of memory "
-                           f"({limits.memory_mb} MB) or of CPU time ({limits.cpu_seconds} s)?)")
-            return
-        content = reply.get("content", {})
-        outcome = _CellOutcome()
-        if client.flooded:
-            outcome.error = f"OutputLimit: interrupted after printing more than {limits.output_mb} MB"
-        elif content.get("status") == "error":
-            outcome.error = f"{content.get('ename')}: {content.get('evalue')}"
-            if content.get("ename") == TIMEOUT_ENAME:
-                if limit < timeout:  # cut short by the overall limit, not by its own
-                    run.stopped = f"the notebook used up its overall time limit of {total_timeout} s in {where}"
-                    return
-                outcome.timed_out_after = limit
-        if origin[index] is not None:
-            run.cells[origin[index]] = outcome
-
-
 # ----------------------------------------------------------------------------- scoring
 def _row(sub: Submission, exercise: str, points: int, max_points: int, status: str, feedback: str,
          digest: str, cells_failed: str = "") -> dict:
@@ -207,12 +77,12 @@ def _check_cell(nb: nbformat.NotebookNode, exercise: str) -> int | None:
                  if c.cell_type == "code" and any(q in c.source for q in quoted)), None)
 
 
-def _why_not_checked(nb: nbformat.NotebookNode, exercise: str, run: _Run) -> tuple[str, str]:
+def _why_not_checked(nb: nbformat.NotebookNode, exercise: str, run: Run) -> tuple[str, str]:
     """(status, feedback) for an exercise the grader could not check."""
     check_cell = _check_cell(nb, exercise)
     if check_cell is None:
         return "not_reached", "no cell of the notebook checks this exercise (was its check cell deleted?)"
-    where = _describe(nb, check_cell)
+    where = describe(nb, check_cell)
     outcome = run.cells.get(check_cell)
     if outcome is None:
         return "not_reached", f"not reached: {run.stopped or where + ' was not run'}"
@@ -222,7 +92,7 @@ def _why_not_checked(nb: nbformat.NotebookNode, exercise: str, run: _Run) -> tup
         feedback = f"not reached: {where} raised {outcome.error}"
         first = min(i for i, o in run.cells.items() if o.error is not None)
         if first < check_cell:
-            feedback += f"; the first error was in {_describe(nb, first)}: {run.cells[first].error}"
+            feedback += f"; the first error was in {describe(nb, first)}: {run.cells[first].error}"
         return "not_reached", feedback
     return "not_reached", f"{where} ran but did not hand the function to the grader (was the check call changed?)"
 
@@ -236,7 +106,7 @@ def thread_env(threads: int | None) -> dict[str, str]:
 
 def _run_and_check(nb: nbformat.NotebookNode, exercises: list[Exercise], timeout: int, total_timeout: int,
                    limits: Limits, threads: int | None, key: GradingKey,
-                   isolation: Isolation | None) -> tuple[_Run, dict[str, CheckResult]]:
+                   isolation: Isolation | None) -> tuple[Run, dict[str, CheckResult]]:
     with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:  # random name, mode 700
         work, control = Path(tmp) / "work", Path(tmp) / "control"
         work.mkdir(mode=0o700)
@@ -244,14 +114,14 @@ def _run_and_check(nb: nbformat.NotebookNode, exercises: list[Exercise], timeout
         settings = {AUTOFILL_ENV: "0", "COURSE_FAST": "1", PROGRESS_ENV: "off", **thread_env(threads)}
         with CheckServer(control, exercises, timeout, measures(key)) as server:
             env = kernel_env(work, {**server.env(), **settings})  # nobody watches these bars
-            run = _execute(nb, work, control, env, timeout, total_timeout, limits, isolation)
+            run = execute(nb, work, control, env, timeout, total_timeout, limits, isolation)
     return run, second_checks(nb, exercises, server.snapshot(), isolation=isolation, time_limit=timeout, limits=limits,
                               extra_env=settings, measures=measures(key))
 
 
-def _failed_cells(nb: nbformat.NotebookNode, run: _Run) -> str:
+def _failed_cells(nb: nbformat.NotebookNode, run: Run) -> str:
     """'cell 12 (`...`): NameError: ...; ...' for every cell that raised (empty when none did)."""
-    failed = [f"{_describe(nb, i)}: {o.error}" for i, o in sorted(run.cells.items()) if o.error is not None]
+    failed = [f"{describe(nb, i)}: {o.error}" for i, o in sorted(run.cells.items()) if o.error is not None]
     if run.stopped:
         failed.append(f"stopped: {run.stopped}")
     return "; ".join(failed)[:2000]
@@ -345,11 +215,7 @@ def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     grading_key = read_key(key)
-    isolation = sandbox if isinstance(sandbox, Isolation) else find_isolation() if sandbox else None
-    if isolation is not None:
-        isolation.check_absent("the grading key", Path(key))
-        for path in paths:
-            isolation.check_absent("the submissions folder", Path(path))
+    isolation = walls(sandbox, key, paths)
     mine = [sub for sub in find_submissions(paths, layout) if shard is None or shard.holds(sub)]
     if shard is not None and gradebook is not None:
         write_record(gradebook.folder, shard, [str(p) for p in paths], layout, mine, complete=False)

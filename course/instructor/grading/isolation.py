@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Isolation", "IsolationUnavailable", "find_isolation", "bwrap_binary", "kernel_env", "course_dir",
+__all__ = ["Isolation", "IsolationUnavailable", "find_isolation", "walls", "bwrap_binary", "kernel_env", "course_dir",
            "NO_SANDBOX", "SANDBOXED"]
 
 SANDBOXED = "bubblewrap"  # the gradebook's ``isolation`` for a kernel graded inside the wall
@@ -167,7 +167,7 @@ def kernel_env(scratch: Path, extra: dict[str, str]) -> dict[str, str]:
     return {**env, **extra}
 
 
-def _probe(bwrap: Path, isolation: Isolation, scratch: Path) -> str | None:
+def _probe(isolation: Isolation, scratch: Path) -> str | None:
     """None when a sandbox runs Python here, else bwrap's own words (one line)."""
     cmd = isolation.command([sys.executable, "-c", "import course"], [scratch], scratch)
     try:
@@ -200,7 +200,19 @@ def find_isolation() -> Isolation:
                            hub if hub.is_dir() else None])
     isolation = Isolation(bwrap, tuple(read_only))
     with tempfile.TemporaryDirectory(prefix="course-probe-") as tmp:
-        why = _probe(bwrap, isolation, Path(tmp))
+        why = _probe(isolation, Path(tmp))
     if why is not None:
         raise IsolationUnavailable(f"cannot set up a grading sandbox here ({why}): {_HOW_TO_FIX}")
+    return isolation
+
+
+def walls(sandbox: bool | Isolation, key: Path, paths: list[str | Path]) -> Isolation | None:
+    """The walls every kernel of a run is graded in (``sandbox``: True finds them, an ``Isolation`` is them, False
+    is none); ``IsolationUnavailable`` when they cannot be set up here, or when the key or a submission folder would
+    be inside what the kernels see."""
+    isolation = sandbox if isinstance(sandbox, Isolation) else find_isolation() if sandbox else None
+    if isolation is not None:
+        isolation.check_absent("the grading key", Path(key))
+        for path in paths:
+            isolation.check_absent("the submissions folder", Path(path))
     return isolation

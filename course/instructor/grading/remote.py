@@ -111,7 +111,7 @@ class StudentFunction:
         self.calls = 0
         self.reached: str | None = None  # the first shortcut the kernel saw the function reach
 
-    def _recv(self) -> Any:
+    def receive(self) -> Any:
         left = self.deadline - monotonic()
         if left <= 0:
             raise WorkerLost("time limit", timed_out=True)
@@ -132,7 +132,7 @@ class StudentFunction:
         except (wire.WireError, OSError) as e:
             raise WorkerLost(f"the kernel stopped answering ({e})") from None
         while True:
-            message = self._recv()
+            message = self.receive()
             kind = message[0] if isinstance(message, tuple) and message else None
             if kind == "cb" and len(message) == 6:
                 self._serve_request(*message[1:])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import functools
 import re
 import secrets
 import shutil
@@ -47,14 +48,14 @@ __all__ = ["strip_course", "notebook_definitions", "check_call", "recheck", "sec
 RECHECKED = ("pass", "partial", "forwarded")  # kernel verdicts a second check can change
 START_TIMEOUT = 120.0  # seconds the replay process may take to start and connect
 _STRIPPED: dict[str, Path] = {}
-_WORKSPACE: list[tempfile.TemporaryDirectory] = []
 
 
+@functools.cache
 def _workspace() -> Path:
-    if not _WORKSPACE:
-        _WORKSPACE.append(tempfile.TemporaryDirectory(prefix="course-stripped-"))
-        atexit.register(_WORKSPACE[0].cleanup)
-    return Path(_WORKSPACE[0].name)
+    """The folder of this grading process's stripped copies (removed when it exits)."""
+    folder = tempfile.TemporaryDirectory(prefix="course-stripped-")
+    atexit.register(folder.cleanup)
+    return Path(folder.name)
 
 
 def _absent_body(name: str, node: ast.AST) -> list[ast.stmt]:
@@ -208,14 +209,12 @@ def _accept(listener: socket.socket, token: str, exercise_id: str, process: subp
     return None
 
 
-def recheck(ex: Exercise, nb: nbformat.NotebookNode, stand_ins: dict[str, Callable], *, isolation: Isolation | None,
-            time_limit: float, limits: Limits, extra_env: dict[str, str],
+def recheck(ex: Exercise, nb: nbformat.NotebookNode, call: tuple[int, str, str], stand_ins: dict[str, Callable], *,
+            isolation: Isolation | None, time_limit: float, limits: Limits, extra_env: dict[str, str],
             measure: Callable | None = None) -> CheckResult:
-    """``ex`` checked again on the student's function defined in a world without its shortcuts (module doc)."""
-    found = check_call(nb, ex.id)
-    if found is None:
-        return CheckResult("error", "the check cell of this exercise could not be found again (was it changed?)")
-    cell, _, name = found
+    """``ex`` checked again on the student's function defined in a world without its shortcuts (module doc);
+    ``call``: its check cell, as ``check_call`` found it."""
+    cell, _, name = call
     statements = notebook_definitions(nb, cell)
     stripped = strip_course(ex).parent
     token = secrets.token_hex(16)
@@ -248,7 +247,7 @@ def _judge(ex: Exercise, process: subprocess.Popen, listener: socket.socket, tok
         refs = {alias: fn.handles.export(stand_in) for alias, stand_in in stand_ins.items()}
         try:
             wire.send(conn, ("setup", statements, name, refs))
-            ready = fn._recv()
+            ready = fn.receive()
         except (wire.WireError, OSError, WorkerLost):
             return CheckResult("error", "the second check, where the course's implementation is absent, broke off")
         if not (isinstance(ready, tuple) and ready[:1] == ("ready",)):
@@ -293,7 +292,7 @@ def second_checks(nb: nbformat.NotebookNode, exercises: list[Exercise], results:
         stand_ins = {calls[other.id][1]: other.fallback for other_cell, _, other in order
                      if other_cell < cell and other.fallback is not None
                      and getattr(final.get(other.id), "status", None) != "pass"}
-        again = recheck(ex, nb, stand_ins, isolation=isolation, time_limit=time_limit, limits=limits,
+        again = recheck(ex, nb, calls[ex.id], stand_ins, isolation=isolation, time_limit=time_limit, limits=limits,
                         extra_env=extra_env, measure=measures.get(ex.id))
         final[ex.id] = _missing_name(again) if result.status != "forwarded" else again
     return final
