@@ -24,447 +24,50 @@ Runs are cached under ``<course cache>/runs/<name>-<hash>/`` (weights + JSON log
 with the same configuration loads the stored run unless ``retrain=True``. One trained model is an
 anecdote: ``train_seeds`` trains a variant once per seed (at least ``MIN_SEEDS``), ``over_seeds`` sums a
 metric up over them.
+
+The pieces live in ``course.training``: ``tasks`` (the data), ``variants`` (the configurations and the models
+they build), ``loop`` (training and the run cache) and ``measure`` (what a trained model is asked). This module
+is the course's one door to them, and holds what spans several runs: the seeds, Table 3 and the thresholds.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import math
-import pickle
-import sys
-import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Literal
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
-from course.assets import CacheUnusable, cache_dir, ensure_writable
 from course.claims import Rule
-from course.manifest import sha256_of, write_atomic
-from course.model_names import SEED_MAX, VARIANTS
-from course.models import build_model
-from course.models.base import CausalLM, ModelConfig
+from course.model_names import SEED_MAX
 from course.papers import value
 from course.passages import spread
-from course.policies import make_policy
-from course.progress import progress_bar
-from course.streaming import exact_stream
+from course.training.loop import train
+from course.training.measure import (
+    attention_on_first,
+    attention_on_sink,
+    copy_head_profile,
+    sink_mass_of,
+    uniform_first,
+    window_losses,
+)
+from course.training.tasks import BigramBackcopy, TextBytes, lm_loss, make_task, prepend_sink
+from course.training.variants import (
+    MIN_SEEDS,
+    PRESETS,
+    VARIANTS,
+    TrainConfig,
+    TrainRun,
+    Variant,
+    model_config,
+    variant_config,
+)
 
 __all__ = [
     "TrainConfig", "TrainRun", "BigramBackcopy", "TextBytes", "PRESETS", "VARIANTS", "train", "sink_mass_of",
     "window_losses", "copy_head_profile", "attention_on_first", "uniform_first", "make_task", "prepend_sink",
     "lm_loss", "variant_config", "attention_on_sink", "measure_run", "measure_in_processes", "process_split",
     "MIN_SEEDS", "seed_list", "train_seeds", "over_seeds", "THRESHOLDS", "TABLE3", "table3_excess", "verdict",
-    "table3_rule", "agreement", "TABLE3_QUANTITIES", "GATE_RATIO",
+    "table3_rule", "agreement", "TABLE3_QUANTITIES", "GATE_RATIO", "Variant", "model_config",
 ]
-
-Variant = Literal["vanilla", "sink-token", "sink-logit", "off-by-one", "gated"]
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that determines a run (its hash names the run's folder)."""
-
-    variant: Variant = "sink-token"
-    task: Literal["bigram-backcopy", "text"] = "bigram-backcopy"
-    steps: int = 2000
-    batch: int = 64
-    seq_len: int = 64  # content tokens per sample (the sink token comes on top)
-    lr: float = 1e-2
-    warmup: int = 100
-    schedule: Literal["constant", "cosine"] = "constant"
-    weight_decay: float = 0.1  # on weight matrices only
-    betas: tuple[float, float] = (0.9, 0.98)
-    clip: float = 1.0  # gradient-norm clipping (0: none)
-    n_layer: int = 3
-    n_head: int = 4
-    d_model: int = 64
-    d_ff: int = 256
-    qkv_bias: bool = False  # Llama only (GPT-2 always has biases)
-    family: Literal["gpt2", "llama"] = "gpt2"
-    seed: int = 0
-    log_every: int = 50
-    bos: bool = False  # every sample begins with the same start token (a tokenizer's BOS), as input only
-
-    def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {self.variant!r}")
-        if self.task not in ("bigram-backcopy", "text"):
-            raise ValueError(f"task must be 'bigram-backcopy' or 'text'; got {self.task!r}")
-        for name in ("steps", "batch", "seq_len", "n_layer", "n_head", "d_model", "d_ff", "log_every", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-        if not 0 <= self.seed <= SEED_MAX:
-            raise ValueError(f"seed must be an integer from 0 to {SEED_MAX}, got {self.seed}")
-        for name in ("steps", "batch", "seq_len", "n_layer", "n_head", "d_model", "d_ff", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.seq_len < 8:
-            raise ValueError(f"seq_len must be >= 8, got {self.seq_len}")
-        if not 0 < self.lr < 1:
-            raise ValueError(f"lr must be in (0, 1), got {self.lr}")
-        if not isinstance(self.bos, bool):
-            raise ValueError(f"bos must be True or False, got {self.bos!r}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
-
-    @property
-    def run_name(self) -> str:
-        fields = asdict(self)
-        if not self.bos:  # runs stored before the option existed keep their names
-            del fields["bos"]
-        digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
-        return f"{self.task}-{'bos-' if self.bos else ''}{self.variant}-seed{self.seed}-{digest}"
-
-    @property
-    def n_prefix(self) -> int:
-        """Input tokens in front of the content that are never prediction targets: [SINK] and/or BOS."""
-        return int(self.variant == "sink-token") + int(self.bos)
-
-
-PRESETS = {
-    # fast: 2 layers, 32-token samples, 600 steps (about 40 s per model on two CPU cores)
-    "fast": {"steps": 600, "n_layer": 2, "seq_len": 32, "warmup": 50, "bos": True},
-    "full": {"steps": 4000, "bos": True},
-}
-MIN_SEEDS = 3  # every training result is reported over at least this many seeds
-
-
-# ----------------------------------------------------------------------------- tasks
-class BigramBackcopy:
-    """Bigram-Backcopy sequences over ``vocab`` content tokens (ids 0..vocab-1).
-
-    Transition rows: Dirichlet(alpha) mixed with ``uniform`` of a uniform row. The triggers are
-    the most frequent tokens of the chain; after a trigger the next token copies the token
-    before the trigger. Fixed by ``seed``.
-    """
-
-    def __init__(self, vocab: int = 64, n_triggers: int = 3, alpha: float = 0.05, uniform: float = 0.02,
-                 seed: int = 1234) -> None:
-        self.vocab = vocab
-        dirichlet = torch.distributions.Dirichlet(torch.full((vocab,), alpha))
-        with torch.random.fork_rng(devices=[]):  # Dirichlet sampling uses the global generator: leave it as it was
-            torch.manual_seed(seed)
-            rows = dirichlet.sample((vocab,))
-        self.transition = (1 - uniform) * rows + uniform / vocab  # [V, V]
-        stationary = torch.full((vocab,), 1.0 / vocab)
-        for _ in range(200):  # power iteration: how often each token occurs in a long chain
-            stationary = stationary @ self.transition
-        self.triggers = stationary.topk(n_triggers).indices  # the most frequent tokens, as in Guo et al.
-        self.is_trigger = torch.zeros(vocab, dtype=torch.bool)
-        self.is_trigger[self.triggers] = True
-
-    def sample(self, batch: int, length: int, generator: torch.Generator) -> Tensor:
-        """[batch, length] content tokens."""
-        x = torch.empty(batch, length, dtype=torch.long)
-        non_trigger = (~self.is_trigger).float()
-        x[:, 0] = torch.multinomial(non_trigger.expand(batch, -1), 1, generator=generator)[:, 0]
-        for t in range(1, length):
-            nxt = torch.multinomial(self.transition[x[:, t - 1]], 1, generator=generator)[:, 0]
-            if t >= 2:
-                copy = self.is_trigger[x[:, t - 1]]
-                nxt = torch.where(copy, x[:, t - 2], nxt)
-            x[:, t] = nxt
-        return x
-
-    def copy_targets(self, x: Tensor) -> Tensor:
-        """[B, T] bool: positions whose token is a copy (the token before them is a trigger)."""
-        out = torch.zeros_like(x, dtype=torch.bool)
-        out[:, 2:] = self.is_trigger[x[:, 1:-1]]
-        return out
-
-
-class TextBytes:
-    """Austen as bytes (vocabulary 256): random windows of the novels."""
-
-    def __init__(self) -> None:
-        from course.data import load_text
-
-        self.data = torch.frombuffer(bytearray(load_text("austen").encode("utf-8")), dtype=torch.uint8)
-        self.vocab = 256
-
-    def sample(self, batch: int, length: int, generator: torch.Generator) -> Tensor:
-        starts = torch.randint(0, len(self.data) - length - 1, (batch,), generator=generator)
-        return torch.stack([self.data[s : s + length] for s in starts.tolist()]).long()
-
-
-def make_task(name: str):
-    return BigramBackcopy() if name == "bigram-backcopy" else TextBytes()
-
-
-# ----------------------------------------------------------------------------- the pieces students write
-def prepend_sink(x: Tensor, sink_id: int) -> Tensor:
-    """Put the sink token in front of every sample: [B, T] -> [B, T + 1]."""
-    return torch.cat([torch.full_like(x[:, :1], sink_id), x], dim=1)
-
-
-def lm_loss(logits: Tensor, inputs: Tensor, n_prefix: int) -> Tensor:
-    """Next-token loss on the content only.
-
-    logits: [B, N, V] for inputs [B, N] whose first ``n_prefix`` tokens are a prefix (the sink
-    token) that is never a prediction target. Position i predicts token i + 1.
-    """
-    targets = inputs[:, max(n_prefix, 1) :]
-    preds = logits[:, max(n_prefix, 1) - 1 : -1]
-    return F.cross_entropy(preds.reshape(-1, preds.shape[-1]), targets.reshape(-1))
-
-
-# ----------------------------------------------------------------------------- model and run
-def model_config(cfg: TrainConfig, vocab: int) -> ModelConfig:
-    """The model of a run: ``vocab`` content tokens, then the sink token's id, then (with ``bos``) the BOS id."""
-    sink_logit = {"sink-logit": "learned", "off-by-one": "zero"}.get(cfg.variant, "none")
-    return ModelConfig(
-        family=cfg.family, vocab_size=vocab + 1 + int(cfg.bos), n_layer=cfg.n_layer, n_head=cfg.n_head, n_kv_head=cfg.n_head,
-        d_model=cfg.d_model, head_dim=cfg.d_model // cfg.n_head, d_ff=cfg.d_ff, max_positions=4 * (cfg.seq_len + 1 + int(cfg.bos)),
-        rope_theta=10000.0, tie_embeddings=True, sink_logit=sink_logit, qkv_bias=cfg.qkv_bias, name=f"tiny-{cfg.variant}",
-        output_gate="elementwise" if cfg.variant == "gated" else "none",
-    )
-
-
-@dataclass
-class TrainRun:
-    """A trained model, its configuration and its log (one dict per logged step)."""
-
-    config: TrainConfig
-    model: CausalLM
-    log: list[dict] = field(default_factory=list)
-    seconds: float = 0.0
-    path: Path | None = None
-    loaded: bool = False
-
-    @property
-    def n_prefix(self) -> int:
-        return self.config.n_prefix
-
-    @property
-    def sink_id(self) -> int:
-        return self.model.config.vocab_size - 1 - int(self.config.bos)
-
-    @property
-    def bos_id(self) -> int | None:
-        return self.model.config.vocab_size - 1 if self.config.bos else None
-
-    def inputs(self, x: Tensor) -> Tensor:
-        """Model inputs for content tokens x [B, T]: [SINK] (that variant), then BOS (``bos``), then x."""
-        if self.config.bos:
-            x = prepend_sink(x, self.bos_id)
-        return prepend_sink(x, self.sink_id) if self.config.variant == "sink-token" else x
-
-
-def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2 and "emb" not in n]
-    rest = [p for n, p in model.named_parameters() if p.requires_grad and not (p.dim() >= 2 and "emb" not in n)]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
-
-
-def _lr_at(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    if cfg.schedule == "cosine":
-        progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-    return cfg.lr
-
-
-def _load_run(cfg: TrainConfig, path: Path, vocab: int, device: str | torch.device) -> tuple[TrainRun | None, str]:
-    """The stored run of ``cfg`` (None, "" when there is none; None, what is wrong when it is damaged)."""
-    weights, log = path / "model.pt", path / "log.json"
-    if not weights.is_file() and not log.is_file():
-        return None, ""
-    try:
-        info = json.loads(log.read_text(encoding="utf-8"))
-        if not isinstance(info, dict) or not isinstance(info.get("log"), list) or "seconds" not in info:
-            raise ValueError("log.json lacks its log or time")
-        if "model_sha256" in info and sha256_of(weights) != info["model_sha256"]:
-            raise ValueError("model.pt does not match the SHA-256 recorded in log.json")
-        model = build_model(model_config(cfg, vocab))
-        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, KeyError) as e:
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
-    return TrainRun(cfg, model.to(device).eval(), info["log"], float(info["seconds"]), path, loaded=True), ""
-
-
-def _save_run(run: TrainRun) -> None:
-    """Write model.pt, then log.json (with model.pt's SHA-256), each through a renamed temporary file."""
-    assert run.path is not None
-    run.path.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    torch.save(run.model.state_dict(), buffer)
-    write_atomic(run.path / "model.pt", buffer.getvalue())
-    record = {"config": asdict(run.config), "log": run.log, "seconds": run.seconds,
-              "model_sha256": sha256_of(run.path / "model.pt")}
-    write_atomic(run.path / "log.json", json.dumps(record).encode())
-
-
-def train(cfg: TrainConfig, device: str | torch.device = "cpu", progress: bool = True, retrain: bool = False,
-          save: bool = True) -> TrainRun:
-    """Train (or load the stored run of) ``cfg``. Logs loss and sink mass every ``log_every`` steps.
-
-    A stored run that is damaged (truncated weights or log) is trained again. With ``save``, the
-    run folder must be writable: that is checked before training starts, not after."""
-    if not isinstance(cfg, TrainConfig):
-        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
-    path = cache_dir() / "runs" / cfg.run_name
-    task = make_task(cfg.task)
-    damage = ""
-    if not retrain:
-        stored, damage = _load_run(cfg, path, task.vocab, device)
-        if stored is not None:
-            return stored
-        if damage:
-            print(f"the stored run {path} is damaged ({damage}); training it again", file=sys.stderr, flush=True)
-    if save:
-        try:
-            ensure_writable(path.parent)
-        except CacheUnusable as e:
-            raise CacheUnusable(f"the stored run {path} is damaged ({damage}) and cannot be trained again: {e}"
-                                if damage else f"cannot save the run: {e}") from None
-
-    torch.manual_seed(cfg.seed)
-    model = build_model(model_config(cfg, task.vocab))
-    model.init_weights()
-    model.to(device)
-    run = TrainRun(cfg, model, path=path)
-    opt = _optimizer(model, cfg)
-    g = torch.Generator().manual_seed(cfg.seed)
-    probe = task.sample(32, cfg.seq_len, torch.Generator().manual_seed(10_000 + cfg.seed)).to(device)
-    start = time.perf_counter()
-    bar = progress_bar(range(cfg.steps), desc=f"train {cfg.variant} seed {cfg.seed}", enabled=progress)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, cfg)
-        x = run.inputs(task.sample(cfg.batch, cfg.seq_len, g).to(device))
-        model.train()
-        loss = lm_loss(model(x).logits, x, run.n_prefix)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        opt.step()
-        if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            model.eval()
-            mass = sink_mass_of(run, probe)
-            run.log.append({"step": step, "loss": round(loss.item(), 4), "sink_mass": round(mass, 4),
-                            "seconds": round(time.perf_counter() - start, 1)})
-            bar.set_postfix(loss=f"{loss.item():.3f}", sink=f"{mass:.2f}", refresh=False)
-    run.seconds = time.perf_counter() - start
-    model.eval()
-    if save:
-        _save_run(run)
-    return run
-
-
-# ----------------------------------------------------------------------------- measurements
-@torch.inference_mode()
-def attention_on_sink(run: TrainRun, x: Tensor, skip: int = 4) -> Tensor:
-    """Attention share each (layer, head) gives to its resting place: [layers, heads].
-
-    For the sink-logit variants, the share of the empty slot (1 - the weights on real keys);
-    otherwise the weight on position 0 (the sink token, or the first content token). Queries
-    before ``skip`` are left out."""
-    out = run.model(run.inputs(x), output_attentions=True)
-    rows = []
-    for w in out.attentions:  # [B, H, N, N]
-        w = w[:, :, skip:]
-        share = 1 - w.sum(-1) if run.model.config.sink_logit != "none" else w[..., 0]
-        rows.append(share.mean(dim=(0, 2)))
-    return torch.stack(rows)
-
-
-@torch.inference_mode()
-def attention_on_first(run: TrainRun, x: Tensor, skip: int = 4) -> Tensor:
-    """Attention weight each (layer, head) puts on input position 0, whatever the variant: [layers, heads].
-
-    Position 0 is the sink token, the BOS token or the first content token. Queries before ``skip``
-    are left out (compare with ``uniform_first(run.inputs(x).shape[1], skip)``)."""
-    out = run.model(run.inputs(x), output_attentions=True)
-    return torch.stack([w[:, :, skip:, 0].mean(dim=(0, 2)) for w in out.attentions])
-
-
-def uniform_first(n_tokens: int, skip: int = 4) -> float:
-    """The weight on position 0 if every query from ``skip`` to ``n_tokens - 1`` attended uniformly
-    to the keys it may see (query q sees q + 1 keys), averaged over those queries."""
-    if not 0 <= skip < n_tokens:
-        raise ValueError(f"skip must be in [0, n_tokens), got skip={skip}, n_tokens={n_tokens}")
-    return sum(1 / (q + 1) for q in range(skip, n_tokens)) / (n_tokens - skip)
-
-
-def sink_mass_of(run: TrainRun, x: Tensor) -> float:
-    """Mean over layers and heads of ``attention_on_sink``."""
-    return float(attention_on_sink(run, x).mean())
-
-
-@torch.inference_mode()
-def window_losses(run: TrainRun, x: Tensor, windows: list[int], sinks: list[int]) -> dict:
-    """Held-out loss (nats per content token) with a rolling cache of ``k`` kept first slots +
-    ``W`` recent tokens (positions inside the cache), for every W and k; and with full attention.
-
-    x: [B, T] content tokens. The kept first slots are the first tokens of the model's input:
-    the sink token (then content) for the sink-token variant, content otherwise.
-    Returns {"full": loss, "windows": {W: {k: loss}}}.
-    """
-    inputs = run.inputs(x)
-    n_prefix = run.n_prefix
-    full = lm_loss(run.model(inputs).logits, inputs, n_prefix).item()
-    table: dict[int, dict[int, float]] = {}
-    for w in windows:
-        table[w] = {}
-        for k in sinks:
-            r = exact_stream(run.model, inputs, make_policy("streaming", k + w, sinks=k, model=run.model), progress=False)
-            table[w][k] = r.nll[:, max(n_prefix, 1) - 1 :].mean().item()
-    return {"full": full, "windows": table}
-
-
-@torch.inference_mode()
-def copy_head_profile(run: TrainRun, x: Tensor) -> dict:
-    """Find the copy head and how it behaves (Bigram-Backcopy only).
-
-    For every (layer, head): ``active`` = mean attention, at queries whose next token is a copy,
-    on the token to copy (two back); ``dormant`` = mean attention on the resting place at the
-    other queries. Returns both as [layers, heads] and the (layer, head) with the highest active score.
-    """
-    task = make_task(run.config.task)
-    if not isinstance(task, BigramBackcopy):
-        raise ValueError("copy_head_profile needs the bigram-backcopy task")
-    out = run.model(run.inputs(x), output_attentions=True)
-    n_prefix = run.n_prefix
-    is_copy = task.copy_targets(x.cpu())  # [B, T] over content positions
-    # query at input position q predicts content token q + 1 - n_prefix; copy source is content q - 1
-    b_idx, t_idx = is_copy[:, 2:].nonzero(as_tuple=True)
-    t_idx = t_idx + 2  # content position of the copied token
-    q = t_idx - 1 + n_prefix  # the query that predicts it
-    src = t_idx - 2 + n_prefix  # the token it copies
-    rest = ~is_copy
-    rest[:, :4] = False
-    rb, rt = rest[:, : x.shape[1] - 1].nonzero(as_tuple=True)
-    rq = (rt - 1 + n_prefix).clamp(min=0)
-    active_rows, dormant_rows = [], []
-    for w in out.attentions:
-        w = w.cpu()
-        active = w[b_idx, :, q, src].mean(0)  # [H]
-        if run.model.config.sink_logit != "none":
-            dormant = (1 - w[rb, :, rq].sum(-1)).mean(0)
-        else:
-            dormant = w[rb, :, rq, 0].mean(0)
-        active_rows.append(active)
-        dormant_rows.append(dormant)
-    active, dormant = torch.stack(active_rows), torch.stack(dormant_rows)
-    best = divmod(int(active.argmax()), active.shape[1])
-    return {"active": active, "dormant": dormant, "copy_head": best}
-
-
-def variant_config(variant: str, preset: str = "fast", **overrides) -> TrainConfig:
-    """The configuration the CLI and notebook 06 use for a variant and preset."""
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {preset!r}")
-    return replace(TrainConfig(variant=variant), **{**PRESETS[preset], **overrides})
 
 
 # ----------------------------------------------------------------------------- several seeds

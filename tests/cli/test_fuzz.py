@@ -441,13 +441,13 @@ def stored_run(cache: Path) -> Path:
 
 
 def test_train_on_a_read_only_cache_fails_before_training(capsys, tmp_path, monkeypatch, read_only):
-    from course import train as train_module
+    from course.training import loop as training_loop
 
     cache = tmp_path / "cache"
     (cache / "runs").mkdir(parents=True)
     monkeypatch.setenv("COURSE_CACHE", str(cache))
     read_only(cache)
-    monkeypatch.setattr(train_module, "_optimizer", lambda *a: pytest.fail("training started"))
+    monkeypatch.setattr(training_loop, "_optimizer", lambda *a: pytest.fail("training started"))
     assert_one_error_line(*run_cli(capsys, *TRAIN)[::2], r"cannot save the run: .*runs is not writable")
     assert list((cache / "runs").iterdir()) == []
 

@@ -262,3 +262,14 @@ def test_train_cli_without_bos(tmp_path, monkeypatch, capsys):
     assert out["bos"] is False and 0 < out["uniform_first"] < 1 and 0 <= out["attention_on_first"] <= 1
     assert main(["train", "--variant", "vanilla", "--steps", "3", "--windows", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["bos"] is True
+
+
+@pytest.mark.parametrize("variant, bos, name", [
+    ("vanilla", True, "bigram-backcopy-bos-vanilla-seed0-b51657ce23"),
+    ("gated", True, "bigram-backcopy-bos-gated-seed0-3180a0dc46"),
+    ("sink-token", True, "bigram-backcopy-bos-sink-token-seed0-ca5690268e"),
+    ("vanilla", False, "bigram-backcopy-vanilla-seed0-9bab1a0677"),
+])
+def test_run_names_of_stored_runs_do_not_change(variant, bos, name):
+    # the names of runs trained and cached by earlier versions: a change here retrains every stored model
+    assert variant_config(variant, "fast", bos=bos).run_name == name
