@@ -9,11 +9,13 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from course.kvcache import Chunks, KVCache, cache_bytes_per_token
-from course.models.attend import reference_active
+from course.kvcache import AttentionView, Chunks, KVCache, cache_bytes_per_token
+from course.models.attend import attend, reference_active
+from course.models.family import family
 from course.policies import Policy
 
-__all__ = ["ModelConfig", "ModelOutput", "Block", "CausalLM", "OutputGate", "output_gate"]
+__all__ = ["ModelConfig", "ModelOutput", "Block", "CausalLM", "OutputGate", "output_gate", "attend_view",
+           "merge_heads"]
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,6 @@ class ModelConfig:
     def reassigns_positions(self) -> bool:
         """Can a cached token be given a new position? Yes with RoPE (positions enter inside attention);
         no with GPT-2's learned positions (added to the input, so baked into every cached K/V)."""
-        from course.models.family import family
-
         return family(self.family).reassigns_positions
 
     @property
@@ -114,6 +114,27 @@ class OutputGate(nn.Module):
     def forward(self, y: Tensor, x: Tensor) -> Tensor:
         """y: [B, T, H·d], x: [B, T, D] -> [B, T, H·d] (``output_gate``)."""
         return output_gate(y, x, self.proj)
+
+
+def attend_view(q: Tensor, keys: Tensor, view: AttentionView, cache: KVCache, layer_idx: int, want_weights: bool,
+                sink_logit: Tensor | None, scale: float | None = None) -> tuple[Tensor, Tensor | None]:
+    """Attention of the queries q [B, H, T, d] over the slots a cache handed back (``view``, with ``keys``
+    [B, H_kv, S, d] as the family placed them), reported to the cache (H2O and SnapKV read the weights they asked
+    for). Returns (output [B, H, T, d], weights [B, H, rows, S] when ``want_weights``, else None)."""
+    y, w = attend(q, keys, view.values, view.mask, scale=scale, weight_rows=view.rows(want_weights),
+                  sink_logit=sink_logit)
+    cache.observe(layer_idx, w)
+    return y, w if want_weights else None
+
+
+def merge_heads(y: Tensor, x: Tensor, gate: OutputGate | None, out: nn.Module) -> Tensor:
+    """The heads' outputs y [B, H, T, d] merged to [B, T, H·d], gated from the layer's input x [B, T, D] when the
+    model has an output gate, then projected by W_O (``out``) to [B, T, D]."""
+    b, h, t, d = y.shape
+    y = y.transpose(1, 2).reshape(b, t, h * d)
+    if gate is not None:
+        y = gate(y, x)  # Y' = Y ⊙ σ(X W_θ + b), before W_O
+    return out(y)
 
 
 class Block(nn.Module):

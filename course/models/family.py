@@ -5,18 +5,18 @@ transformers ``model_type`` values it loads, how their configs and weights trans
 its position rule. Adding a family is one file with a ``register(Family(...))`` and one import in
 ``course/models/__init__.py``; everything else (``build_model``, ``config_from_hf``, ``from_transformers``,
 ``ModelConfig.reassigns_positions``) looks the family up here.
+
+This registry sits below the models: it imports none of them (``course.models.base`` reads a family's position
+rule from here), so its fields name the model and its configuration by their roles, not their classes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from course.models.base import CausalLM, ModelConfig
+from torch import Tensor, nn
 
 __all__ = ["Family", "FAMILIES", "register", "family", "family_of_hf"]
 
@@ -24,10 +24,10 @@ __all__ = ["Family", "FAMILIES", "register", "family", "family_of_hf"]
 @dataclass(frozen=True)
 class Family:
     name: str  # ModelConfig.family
-    model: type[CausalLM]  # the course's readable model
+    model: type[nn.Module]  # the course's readable model, a ``CausalLM`` built from a ``ModelConfig``
     hf_model_types: tuple[str, ...]  # transformers config.model_type values it loads
-    config_from_hf: Callable[[Any, str], ModelConfig]  # (transformers config, name) -> course config
-    weights_from_hf: Callable[[dict[str, Tensor], ModelConfig], dict[str, Tensor]]  # state dict -> course names
+    config_from_hf: Callable[[Any, str], Any]  # (transformers config, name) -> course ``ModelConfig``
+    weights_from_hf: Callable[[dict[str, Tensor], Any], dict[str, Tensor]]  # (state dict, ModelConfig) -> course names
     reassigns_positions: bool  # can a cached token get a new position (RoPE), or is it baked in (learned, at input)?
 
 

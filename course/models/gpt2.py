@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from course.kvcache import KVCache
 from course.models.attend import attend
-from course.models.base import Block, CausalLM, ModelConfig, OutputGate
+from course.models.base import Block, CausalLM, ModelConfig, OutputGate, attend_view, merge_heads
 from course.models.family import Family, register
 
 __all__ = ["GPT2", "config_from_hf", "weights_from_hf"]
@@ -60,14 +60,8 @@ class Attention(nn.Module):
         else:  # the cache hands back every slot it holds, with the mask its policy implies
             view = cache.update(self.layer_idx, k, v, pos)  # positions are in the embeddings: no rotation
             k_pos = view.positions
-            y, w = attend(q, view.keys, view.values, view.mask, weight_rows=view.rows(want_weights),
-                          sink_logit=self.sink_logit)
-            cache.observe(self.layer_idx, w)  # H2O and SnapKV read the weights they asked for
-            w = w if want_weights else None
-        y = y.transpose(1, 2).reshape(b, t, h * d)
-        if self.gate is not None:
-            y = self.gate(y, x)  # Y' = Y ⊙ σ(X W_θ + b), before W_O
-        return self.out(y), w, k_pos
+            y, w = attend_view(q, view.keys, view, cache, self.layer_idx, want_weights, self.sink_logit)
+        return merge_heads(y, x, self.gate, self.out), w, k_pos
 
 
 class MLP(nn.Module):

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from course.kvcache import KVCache, SinkRotation
 from course.rope import rope, rope_tables
 from course.models.attend import attend
-from course.models.base import Block, CausalLM, ModelConfig, OutputGate
+from course.models.base import Block, CausalLM, ModelConfig, OutputGate, attend_view, merge_heads
 from course.models.family import Family, register
 
 __all__ = ["Llama", "RMSNorm", "rope", "rope_tables", "rope_theta", "config_from_hf", "weights_from_hf"]
@@ -95,14 +95,8 @@ class Attention(nn.Module):
                 view = cache.update(self.layer_idx, cache.rotate(k, pos), v, pos)
                 qr, kr, scale = cache.rotate(q, pos), view.keys, None
             k_pos = view.positions
-            y, w = attend(qr, kr, view.values, view.mask, scale=scale, weight_rows=view.rows(want_weights),
-                          sink_logit=self.sink_logit)
-            cache.observe(self.layer_idx, w)  # H2O and SnapKV read the weights they asked for
-            w = w if want_weights else None
-        y = y.transpose(1, 2).reshape(b, t, h * d)
-        if self.gate is not None:
-            y = self.gate(y, x)  # Y' = Y ⊙ σ(X W_θ + b), before W_O
-        return self.o(y), w, k_pos
+            y, w = attend_view(qr, kr, view, cache, self.layer_idx, want_weights, self.sink_logit, scale)
+        return merge_heads(y, x, self.gate, self.o), w, k_pos
 
 
 def _sink_block_rotation(
