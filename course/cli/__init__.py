@@ -1,7 +1,7 @@
 """The subcommands of ``python -m course``, one module per group; each returns a dict (printed as JSON with
 --json).
 
-* ``setup``: fetch, info
+* ``setup``: fetch, info, notebooks
 * ``experiments``: stream, needle, generate, chat
 * ``train``: train
 * ``bench``: bench (its --notebooks, --grading and --transformers-cache runs use the instructor's tools)

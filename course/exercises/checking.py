@@ -1,23 +1,37 @@
 """``check``, the function every check cell calls, and ``get``, an exercise by its id.
 
-Importing this module registers every notebook's exercises (``nb01`` ... ``nb08``, ``questions``): ``check`` and
-``get`` then find any of them.
+Importing this module registers every notebook's exercises (the modules ``course.syllabus`` names, and
+``questions``): ``check`` and ``get`` then find any of them.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 
-from course.exercises import nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, serve  # noqa: F401 (registers them)
+from course import syllabus
+from course.exercises import serve
 from course.exercises.core import AUTOFILL_ENV, REGISTRY, Exercise, ExerciseFailed, NotDoneYet, result_of
 from course.exercises.questions import check_question
 
-__all__ = ["check", "get"]
+__all__ = ["check", "get", "register_all"]
+
+
+def register_all() -> None:
+    """Import every notebook's exercise module (``course.syllabus``), which registers its exercises (once)."""
+    for nb in syllabus.notebooks():
+        if nb.exercises:
+            importlib.import_module(nb.exercises)
+
+
+register_all()
 
 
 def get(id: str) -> Exercise:
     """The registered exercise ``id`` (a ``KeyError`` naming the known ones otherwise)."""
+    if id not in REGISTRY:
+        register_all()
     if id not in REGISTRY:
         raise KeyError(f"unknown exercise {id!r}; known: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[id]

@@ -18,10 +18,11 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
+from course import syllabus
 from course.threads import competing_process, cpu_cores
 
 __all__ = ["execute_notebook", "time_notebooks", "times_table", "read_times", "budget_verdict", "write_times",
-           "check_mergeable"]
+           "check_mergeable", "fast_budget_s"]
 
 
 @contextmanager
@@ -119,14 +120,21 @@ def read_times(path: Path, fast: bool = True) -> dict[str, float]:
     return found
 
 
-FAST_BUDGET_S = {"notebook": 180, "all": 900}  # FAST: at most 3 min per notebook and 15 min for all of them
+# FAST: at most 3 min per notebook (unless its row in course.syllabus says otherwise) and 15 min for all of them
+FAST_BUDGET_S = {"notebook": syllabus.FAST_BUDGET_S, "all": syllabus.FAST_BUDGET_ALL_S}
+
+
+def fast_budget_s(name: str) -> int:
+    """The FAST budget of the notebook ``name`` (its row in ``course.syllabus``; the usual one for a notebook the
+    course does not list)."""
+    return next((nb.fast_budget_s for nb in syllabus.notebooks() if nb.name == name), FAST_BUDGET_S["notebook"])
 
 
 def budget_verdict(rows: list[dict]) -> str:
     """One line: does every column meet the FAST budget (3 min per notebook, 15 min in all)? Names what does not."""
     keys = [k for k in ("quiet_s", "competing_s") if all(k in r for r in rows)]
     over = [f"{r['notebook']} ({k[:-2]}, {_minutes(r[k])})" for k in keys for r in rows
-            if r[k] > FAST_BUDGET_S["notebook"]]
+            if r[k] > fast_budget_s(r["notebook"])]
     over += [f"all ({k[:-2]}, {_minutes(sum(r[k] for r in rows))})" for k in keys
              if sum(r[k] for r in rows) > FAST_BUDGET_S["all"]]
     budget = f"{FAST_BUDGET_S['notebook'] // 60} min per notebook, {FAST_BUDGET_S['all'] // 60} min in all"

@@ -19,6 +19,10 @@ Keep it from the students; grade with it. A release with a key is an exam of its
 in the key) it draws a variant of every question (``course.instructor.variants``: options in an order of their
 own, numbers of their own), which its copies show and its key answers.
 
+In the course's repository release also writes the README's table of notebooks from ``course.syllabus``, and
+``--check`` reports a solution notebook without a row there, or a row without its notebook
+(``course.instructor.syllabus_files``).
+
 Release never destroys: it refuses an output folder that is, or contains, the solution folder; it
 only overwrites or deletes a notebook that carries its banner cell (the banner is the record of
 what release wrote: a notebook without it is never touched, and release stops, naming it); and it
@@ -39,6 +43,7 @@ import nbformat
 
 from course.exercises.questions import QUESTIONS, QuestionKey, encode_key
 from course.instructor.solutions import is_marker
+from course.instructor.syllabus_files import syllabus_problems, write_readme_table
 
 __all__ = ["ReleaseError", "Difference", "strip_solutions", "student_notebook", "release", "check_release",
            "load_answer_key", "ANSWER_KEY", "CAPSTONE_PASSAGES"]
@@ -62,7 +67,7 @@ class Difference:
     """A student copy that does not match its solution notebook."""
 
     path: Path
-    problem: str  # "differs", "missing" or "no solution notebook"
+    problem: str  # "differs", "missing", "no solution notebook", or one of ``syllabus_problems``
 
 
 def strip_solutions(source: str, where: str, cell_type: str = "code") -> str:
@@ -308,7 +313,8 @@ def release(solution_dir: Path, student_dir: Path, hidden_answers: bool = False,
         path = student_dir / name
         path.write_bytes(text.encode("utf-8"))
         written.append(path)
-    return written
+    readme = write_readme_table(solution_dir)
+    return written + ([readme] if readme else [])
 
 
 def check_release(solution_dir: Path, student_dir: Path) -> list[Difference]:
@@ -324,4 +330,4 @@ def check_release(solution_dir: Path, student_dir: Path) -> list[Difference]:
     for path in sorted(student_dir.glob(SOLUTION_GLOB)):
         if path.name not in expected:
             problems.append(Difference(path, "no solution notebook"))
-    return problems
+    return problems + [Difference(path, problem) for path, problem in syllabus_problems(solution_dir, SOLUTION_GLOB)]

@@ -6,7 +6,8 @@ the references and the reproduction table.
 Each notebook becomes a page through nbconvert's ``lab`` template (the look of JupyterLab; figures are
 already inside the executed notebook as PNG data and stay in the page, so a page is one file). nbconvert is
 what the notebooks' own tools (papermill, nbval, JupyterLab) already install, and it needs no Node or MyST
-tool chain; the rest — the landing page with the README's table of notebooks, the benchmarks page rendered
+tool chain; the rest — the landing page with the README's introduction and the table of notebooks
+(``course.syllabus``, which also gives the pages' order), the benchmarks page rendered
 from ``docs/benchmarks.md`` (and ``docs/notebook-times.md`` when it exists) and a bar of links on every page
 (index, benchmarks, references, reproductions, previous and next notebook, Colab where the course's home is
 set) — is a few lines here. ``docs/references.md`` becomes ``references.html``; ``reproductions.html`` is
@@ -24,13 +25,14 @@ from __future__ import annotations
 import html
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
-__all__ = ["NotebookEntry", "notebook_table", "check_executed", "build_site", "INDEX", "BENCHMARKS", "REFERENCES",
-           "REPRODUCTIONS"]
+from course import syllabus
+from course.syllabus import Notebook
+
+__all__ = ["check_executed", "build_site", "INDEX", "BENCHMARKS", "REFERENCES", "REPRODUCTIONS"]
 
 INDEX, BENCHMARKS = "index.html", "benchmarks.html"
 REFERENCES, REPRODUCTIONS = "references.html", "reproductions.html"
@@ -38,7 +40,6 @@ DOC_PAGES = {REFERENCES: ("References", "references.md", "No references page: do
              REPRODUCTIONS: ("Reproductions", "reproductions.md",
                              "No reproduction table has been written (<code>python -m course reproductions</code>).")}
 DOC_LINK = re.compile(r'href="(?:\.\./)*(?:docs/)?(references|reproductions)\.md(#[^"]*)?"')
-ROW = re.compile(r"^\| `(\d\d_\w+)` \| (.+?) \|\s*$", re.M)
 IMAGE = re.compile(r'(<img[^>]*\bsrc=")([^":#?]+)(")')  # a relative image path in rendered markdown
 BENCH_DOCS = ("benchmarks.md", "notebook-times.md")
 
@@ -54,26 +55,6 @@ CSS = """
 .course-page img { max-width: 100%; }
 .course-page pre { background: #f6f8fa; padding: 0.7em; overflow-x: auto; }
 """
-
-
-@dataclass(frozen=True)
-class NotebookEntry:
-    """One row of the README's table of notebooks: ``name`` (file stem) and what it ``teaches``."""
-
-    name: str
-    teaches: str
-
-    @property
-    def page(self) -> str:
-        return f"{self.name}.html"
-
-
-def notebook_table(readme: str) -> list[NotebookEntry]:
-    """The README's table of notebooks (rows ``| `NN_name` | what it teaches |``), in order."""
-    rows = [NotebookEntry(name, teaches.strip()) for name, teaches in ROW.findall(readme)]
-    if not rows:
-        raise ValueError("the README has no table of notebooks (rows like | `01_kv_cache` | ... |)")
-    return rows
 
 
 def check_executed(nb: nbformat.NotebookNode, path: Path) -> None:
@@ -110,7 +91,7 @@ def _run_line(nb: nbformat.NotebookNode) -> str:
     return "Executed with papermill: " + ", ".join(p for p in parts if p) + "."
 
 
-def _nav(entries: list[NotebookEntry], built: set[str], here: str, colab: dict[str, str]) -> str:
+def _nav(entries: list[Notebook], built: set[str], here: str, colab: dict[str, str]) -> str:
     """The bar of links at the top and bottom of every page."""
     links = [f'<a href="{INDEX}" rel="index">Index</a>', f'<a href="{BENCHMARKS}">Benchmarks</a>',
              f'<a href="{REFERENCES}">References</a>', f'<a href="{REPRODUCTIONS}">Reproductions</a>']
@@ -163,7 +144,7 @@ def _copy_images(rendered: str, src_dir: Path, out: Path) -> str:
     return IMAGE.sub(copy, rendered)
 
 
-def _colab_links(root: Path, entries: list[NotebookEntry]) -> tuple[dict[str, str], str]:
+def _colab_links(root: Path, entries: list[Notebook]) -> tuple[dict[str, str], str]:
     """Colab links per notebook (student copies) and a Binder link, from the course's one setting."""
     from course.instructor.host import read_host
 
@@ -177,7 +158,7 @@ def _colab_links(root: Path, entries: list[NotebookEntry]) -> tuple[dict[str, st
     return colab, f"https://mybinder.org/v2/gh/{owner}/{name}/{branch}"
 
 
-def _index(readme: str, entries: list[NotebookEntry], built: set[str], colab: dict[str, str], binder: str,
+def _index(readme: str, entries: list[Notebook], built: set[str], colab: dict[str, str], binder: str,
            runs: dict[str, str]) -> str:
     intro = readme.split("\n| notebook |", 1)[0]
     intro = re.sub(r"^# .*\n", "", intro, count=1)
@@ -198,53 +179,35 @@ def _index(readme: str, entries: list[NotebookEntry], built: set[str], colab: di
             + (f"<h2>How these pages were made</h2><ul>{run_notes}</ul>" if run_notes else ""))
 
 
-def build_site(executed: Path | str, out: Path | str, root: Path | str, partial: bool = False) -> dict:
-    """Build the site from the executed notebooks in ``executed`` into ``out`` (created; its old pages replaced).
-
-    ``root`` is the repository (README.md, docs/, pyproject.toml). Every notebook of the README's table must be
-    in ``executed`` unless ``partial``. Returns ``{"out", "pages", "notebooks", "missing"}``.
-    """
-    from nbconvert import HTMLExporter
-
-    executed, out, root = Path(executed), Path(out), Path(root)
+def _executed(executed: Path, entries: list[Notebook], partial: bool) -> tuple[dict[str, Path], list[str]]:
+    """The executed copy of each notebook found in ``executed`` ({name: path}) and the names missing there."""
     if not executed.is_dir():
         raise ValueError(f"--from {str(executed)!r} is not a folder of executed notebooks")
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    entries = notebook_table(readme)
-    found = {e.name: executed / f"{e.name}.ipynb" for e in entries if (executed / f"{e.name}.ipynb").is_file()}
+    found = {e.name: executed / e.file for e in entries if (executed / e.file).is_file()}
     missing = [e.name for e in entries if e.name not in found]
     if not found or (missing and not partial):
         raise ValueError(f"{executed}: no executed copy of {', '.join(missing)} (execute them with "
                          "`bash scripts/run-course.sh --execute --fast`, or pass --partial)")
-    notebooks = {name: nbformat.read(path, as_version=4) for name, path in found.items()}
-    for name, nb in notebooks.items():
-        check_executed(nb, found[name])
+    return found, missing
 
-    out.mkdir(parents=True, exist_ok=True)
-    for old in [INDEX, BENCHMARKS, *DOC_PAGES] + [e.page for e in entries]:  # only what a build writes
-        (out / old).unlink(missing_ok=True)
-    shutil.rmtree(out / "images", ignore_errors=True)
-    colab, binder = _colab_links(root, entries)
-    built = set(found)
-    exporter = HTMLExporter(template_name="lab", embed_images=True)
-    pages, runs = [INDEX, BENCHMARKS, *DOC_PAGES], {}
-    for name, nb in notebooks.items():
-        body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(found[name].parent),
-                                                                        "name": _title(nb, name)}})
-        nav = _nav(entries, built, name, colab)
-        runs[name] = _run_line(nb)
-        head = f"{nav}<div class=\"course-run\">{html.escape(runs[name])}</div>" if runs[name] else nav
-        body = re.sub(r"(<body[^>]*>\s*<main>)", lambda m: m.group(1) + head, body, count=1)
-        before, sep, after = body.rpartition("</main>")
-        body = before + nav + sep + after if sep else body
-        body = body.replace("</head>", f"<style>{CSS}</style></head>", 1)
-        body = _doc_links(body)
-        (out / f"{name}.html").write_text(body, encoding="utf-8")
-        pages.append(f"{name}.html")
 
-    nav = _nav(entries, built, "", colab)
-    (out / INDEX).write_text(_page("attention-sinks-course", _index(readme, entries, built, colab, binder, runs), nav),
-                             encoding="utf-8")
+def _notebook_page(nb: nbformat.NotebookNode, path: Path, name: str, nav: str, exporter) -> tuple[str, str]:
+    """The page of one executed notebook (nbconvert's lab template, the bar of links above and below, how it was
+    executed) and its run line."""
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(path.parent),
+                                                                    "name": _title(nb, name)}})
+    run = _run_line(nb)
+    head = f"{nav}<div class=\"course-run\">{html.escape(run)}</div>" if run else nav
+    body = re.sub(r"(<body[^>]*>\s*<main>)", lambda m: m.group(1) + head, body, count=1)
+    before, sep, after = body.rpartition("</main>")
+    body = before + nav + sep + after if sep else body
+    body = body.replace("</head>", f"<style>{CSS}</style></head>", 1)
+    return _doc_links(body), run
+
+
+def _write_doc_pages(executed: Path, out: Path, root: Path, nav: str) -> None:
+    """The benchmarks page, the references and the reproduction table (of the executed notebooks, when they
+    recorded rows; else docs/reproductions.md)."""
     bench = [_copy_images(_markdown((root / "docs" / doc).read_text(encoding="utf-8")), root / "docs", out)
              for doc in BENCH_DOCS if (root / "docs" / doc).is_file()]
     if not bench:
@@ -260,4 +223,39 @@ def build_site(executed: Path | str, out: Path | str, root: Path | str, partial:
             path.read_text(encoding="utf-8") if path.is_file() else None
         body = _doc_links(_markdown(text)) if text is not None else f"<h1>{title}</h1><p>{absent}</p>"
         (out / page).write_text(_page(title, body, nav), encoding="utf-8")
+
+
+def build_site(executed: Path | str, out: Path | str, root: Path | str, partial: bool = False) -> dict:
+    """Build the site from the executed notebooks in ``executed`` into ``out`` (created; its old pages replaced).
+
+    ``root`` is the repository (README.md, docs/, pyproject.toml). Every notebook of ``course.syllabus`` must be
+    in ``executed`` unless ``partial``. Returns ``{"out", "pages", "notebooks", "missing"}``.
+    """
+    from nbconvert import HTMLExporter
+
+    executed, out, root = Path(executed), Path(out), Path(root)
+    entries = list(syllabus.notebooks())
+    found, missing = _executed(executed, entries, partial)
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    notebooks = {name: nbformat.read(path, as_version=4) for name, path in found.items()}
+    for name, nb in notebooks.items():
+        check_executed(nb, found[name])
+
+    out.mkdir(parents=True, exist_ok=True)
+    for old in [INDEX, BENCHMARKS, *DOC_PAGES] + [e.page for e in entries]:  # only what a build writes
+        (out / old).unlink(missing_ok=True)
+    shutil.rmtree(out / "images", ignore_errors=True)
+    colab, binder = _colab_links(root, entries)
+    built = set(found)
+    exporter = HTMLExporter(template_name="lab", embed_images=True)
+    pages, runs = [INDEX, BENCHMARKS, *DOC_PAGES], {}
+    for name, nb in notebooks.items():
+        body, runs[name] = _notebook_page(nb, found[name], name, _nav(entries, built, name, colab), exporter)
+        (out / f"{name}.html").write_text(body, encoding="utf-8")
+        pages.append(f"{name}.html")
+
+    nav = _nav(entries, built, "", colab)
+    (out / INDEX).write_text(_page("attention-sinks-course", _index(readme, entries, built, colab, binder, runs), nav),
+                             encoding="utf-8")
+    _write_doc_pages(executed, out, root, nav)
     return {"out": str(out), "pages": pages, "notebooks": list(found), "missing": missing}

@@ -17,8 +17,9 @@ import nbformat  # noqa: E402
 import pytest  # noqa: E402
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output  # noqa: E402
 
+from course import syllabus  # noqa: E402
 from course.cli import COMMANDS  # noqa: E402
-from course.instructor.site import DOC_PAGES, build_site, check_executed, notebook_table  # noqa: E402
+from course.instructor.site import DOC_PAGES, build_site, check_executed  # noqa: E402
 
 README = """# the course
 
@@ -32,6 +33,14 @@ A course.
 
 ## Quick start
 """
+NOTEBOOKS = (syllabus.Notebook("01_first", "the **first** thing"), syllabus.Notebook("02_second", "the second thing"),
+             syllabus.Notebook("03_third", "the third thing"))
+
+
+@pytest.fixture(autouse=True)
+def made_up_syllabus(monkeypatch):
+    """The made-up notebooks are the course's notebooks (``course.syllabus``) for these tests."""
+    monkeypatch.setattr(syllabus, "NOTEBOOKS", NOTEBOOKS)
 
 
 def png() -> str:
@@ -95,7 +104,7 @@ def test_every_notebook_becomes_a_page_with_its_figure_and_links_in_order(repo, 
     assert "<title>Notebook 02_second</title>" in pages["02_second"]
 
 
-def test_the_index_lists_the_readmes_table_and_the_benchmarks_show_their_images(repo, executed, tmp_path):
+def test_the_index_lists_the_syllabus_and_the_benchmarks_show_their_images(repo, executed, tmp_path):
     out = tmp_path / "site"
     build_site(executed, out, repo)
     index = (out / "index.html").read_text(encoding="utf-8")
@@ -181,11 +190,9 @@ def test_a_notebook_that_did_not_run_cleanly_is_refused(repo, executed, tmp_path
         check_executed(nbformat.read(executed / "02_second.ipynb", as_version=4), executed / "02_second.ipynb")
 
 
-def test_bad_folders_and_readmes_are_named(repo, tmp_path):
+def test_bad_folders_are_named(repo, tmp_path):
     with pytest.raises(ValueError, match="is not a folder of executed notebooks"):
         build_site(tmp_path / "nowhere", tmp_path / "site", repo)
-    with pytest.raises(ValueError, match="no table of notebooks"):
-        notebook_table("# a readme without a table\n")
 
 
 def test_the_command_line_builds_the_site(repo, executed, tmp_path, capsys):
@@ -202,9 +209,3 @@ def test_the_command_line_builds_the_site(repo, executed, tmp_path, capsys):
     bad = parser.parse_args(["site", "--root", str(tmp_path / "nothing")])
     with pytest.raises(ValueError, match="is not the course's repository"):
         bad.run(bad)
-
-
-def test_the_real_readme_lists_every_notebook():
-    root = Path(__file__).resolve().parents[2]
-    names = [e.name for e in notebook_table((root / "README.md").read_text(encoding="utf-8"))]
-    assert names == sorted(p.stem for p in (root / "notebooks").glob("[0-9]*.ipynb"))

@@ -1,6 +1,6 @@
 """The course site in a real browser: every page of a site built from executed notebooks opens, shows its
 figures (each ``<img>`` decoded: ``naturalWidth > 0``), holds no error output, and its navigation links lead to
-pages that exist, in the README's order. A screenshot of every page goes to $COURSE_SCREENSHOTS (default: the
+pages that exist, in the syllabus's order. A screenshot of every page goes to $COURSE_SCREENSHOTS (default: the
 test's temporary folder).
 
 The executed notebooks: $COURSE_EXECUTED (``scripts/test.sh`` points it at the copies it has just executed;
@@ -17,7 +17,8 @@ from urllib.parse import urlparse
 import nbformat
 import pytest
 
-from course.instructor.site import BENCHMARKS, INDEX, build_site, notebook_table
+from course import syllabus
+from course.instructor.site import BENCHMARKS, INDEX, build_site
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, browser_api, screenshot_dir
 
 EXECUTED = os.environ.get("COURSE_EXECUTED", "")
@@ -62,10 +63,9 @@ def offline(route) -> None:
 
 def test_every_page_renders_its_figures_and_links(site, tmp_path):
     out, executed = site
-    entries = [e for e in notebook_table((ROOT / "README.md").read_text(encoding="utf-8"))
-               if (out / e.page).is_file()]
+    entries = [e for e in syllabus.notebooks() if (out / e.page).is_file()]
     if EXECUTED:
-        assert len(entries) == len(notebook_table((ROOT / "README.md").read_text(encoding="utf-8")))
+        assert len(entries) == len(syllabus.notebooks())
     pages = [INDEX, BENCHMARKS] + [e.page for e in entries]
     shots = screenshot_dir(tmp_path)
     with sync_api.sync_playwright() as p:

@@ -1,8 +1,10 @@
-"""The points of the course, per notebook and kind of exercise, as docs/grading.md prints them."""
+"""The points of the course, per notebook and kind of exercise, as docs/grading.md prints them: one row per
+notebook of ``course.syllabus``, in its order."""
 
 from __future__ import annotations
 
-import course.exercises  # noqa: F401  (registers every exercise)
+from course import syllabus
+from course.exercises.checking import register_all
 from course.exercises.core import REGISTRY
 
 __all__ = ["points_by_notebook", "points_table"]
@@ -12,12 +14,14 @@ COLUMNS = (("exercise", "exercises"), ("build", "build"), ("question", "question
 
 
 def points_by_notebook() -> dict[str, dict[str, int]]:
-    """{notebook number: {kind: points}} over the exercise registry."""
-    out: dict[str, dict[str, int]] = {}
+    """{notebook number: {kind: points}} over the exercise registry, for every notebook of the syllabus."""
+    register_all()
+    out = {nb.number: {kind: 0 for kind, _ in COLUMNS} for nb in syllabus.notebooks()}
     for ex in REGISTRY.values():
-        row = out.setdefault(ex.id[:2], {kind: 0 for kind, _ in COLUMNS})
-        row[ex.kind] += ex.points
-    return dict(sorted(out.items()))
+        if ex.id[:2] not in out:
+            raise ValueError(f"exercise {ex.id} belongs to no notebook of course.syllabus ({', '.join(out)})")
+        out[ex.id[:2]][ex.kind] += ex.points
+    return out
 
 
 def points_table() -> str:

@@ -1,0 +1,126 @@
+"""``course.syllabus``, the one table of the course's notebooks: it agrees with the notebooks on disk and the README,
+and a notebook added as its own files plus one row reaches every consumer (exercises, points, the command line's
+listing, the FAST budget, release and its check, the site)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from course import syllabus
+from course.__main__ import main
+from course.exercises.core import REGISTRY
+
+ROOT = Path(__file__).resolve().parents[1]
+THROWAWAY = syllabus.Notebook("09_throwaway", "a lesson made up by this test", "throwaway_nb09", fast_budget_s=60)
+EXERCISES = '''
+from course.exercises.core import Wrong, exercise
+
+
+@exercise("09.double", "Exercise 1 (double a number)", points=3)
+def _check_double(fn):
+    if fn(2) != 4:
+        raise Wrong("double it")
+'''
+
+
+def test_the_syllabus_is_the_notebooks_on_disk_and_the_readmes_table():
+    assert [nb.file for nb in syllabus.notebooks()] == sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert syllabus.readme_table() in readme and syllabus.with_readme_table(readme) == readme
+    assert syllabus.notebook("08").name == "08_quantize_or_evict"
+
+
+@pytest.mark.parametrize("row, message", [
+    (dict(name="9_x", teaches="t"), "name must be two digits"),
+    (dict(name="09_x", teaches="t", exercises="not a module!"), "exercises must be a module name"),
+    (dict(name="09_x", teaches="t", fast_budget_s=0), "fast_budget_s must be >= 1"),
+])
+def test_a_bad_row_is_refused_by_name(row, message):
+    with pytest.raises(ValueError, match=message):
+        syllabus.Notebook(**row)
+
+
+def test_numbers_out_of_order_and_unknown_notebooks_are_refused(monkeypatch):
+    with pytest.raises(ValueError, match="unknown notebook '42'"):
+        syllabus.notebook("42")
+    monkeypatch.setattr(syllabus, "NOTEBOOKS", syllabus.NOTEBOOKS[::-1])
+    with pytest.raises(ValueError, match="different and in order"):
+        syllabus.notebooks()
+
+
+@pytest.fixture
+def throwaway(tmp_path, monkeypatch):
+    """The course with a ninth notebook: its row, its exercise module (on sys.path) and a tiny solution notebook
+    in a copy of the repository's notebooks and README. Its exercise leaves the registry afterwards."""
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "throwaway_nb09.py").write_text(EXERCISES, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path / "modules"))
+    monkeypatch.setattr(syllabus, "NOTEBOOKS", (*syllabus.NOTEBOOKS, THROWAWAY))
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "notebooks", repo / "notebooks", ignore=shutil.ignore_patterns("student"))
+    shutil.copy(ROOT / "README.md", repo / "README.md")
+    nb = new_notebook(cells=[new_markdown_cell("# 09: a throwaway lesson", id="intro"),
+                             new_code_cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n"
+                                           "    ### END SOLUTION", id="ex", execution_count=1)])
+    nbformat.write(nb, repo / "notebooks" / THROWAWAY.file)
+    yield repo
+    REGISTRY.pop("09.double", None)
+    sys.modules.pop("throwaway_nb09", None)
+
+
+def test_a_new_notebook_reaches_exercises_points_and_the_listing(throwaway, capsys):
+    from course.exercises.checking import get
+    from course.instructor.grading.points import points_by_notebook, points_table
+
+    assert get("09.double").points == 3
+    assert points_by_notebook()["09"]["exercise"] == 3 and "| 09 | 3 | 0 | 0 | 0 | 0 | 3 |" in points_table()
+    assert main(["notebooks", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["notebooks"]
+    assert [r["notebook"] for r in listed][-2:] == ["08_quantize_or_evict", "09_throwaway"]
+    assert listed[-1]["points"] == 3 and listed[-1]["fast_budget_s"] == 60
+
+
+def test_a_new_notebook_has_its_own_fast_budget(monkeypatch):
+    from course.instructor.notebook_times import budget_verdict
+
+    monkeypatch.setattr(syllabus, "NOTEBOOKS", (*syllabus.NOTEBOOKS, THROWAWAY))
+    rows = [{"notebook": THROWAWAY.name, "quiet_s": 61.0}, {"notebook": "01_kv_cache", "quiet_s": 61.0}]
+    assert "over in 09_throwaway (quiet, 1 min 01 s)." in budget_verdict(rows)  # not 01: its budget is 3 min
+    assert budget_verdict(rows[1:]).endswith("met in every column.")
+
+
+def test_release_writes_the_new_row_into_the_readme_and_its_check_sees_it(throwaway):
+    from course.instructor.release import check_release, release
+
+    solutions, students = throwaway / "notebooks", throwaway / "notebooks" / "student"
+    before = {(d.path.name, d.problem) for d in check_release(solutions, students)}
+    assert ("README.md", "table of notebooks differs") in before and (THROWAWAY.file, "missing") in before
+    written = release(solutions, students)
+    assert students / THROWAWAY.file in written and throwaway / "README.md" in written
+    assert "| `09_throwaway` | a lesson made up by this test |" in (throwaway / "README.md").read_text()
+    assert "raise NotImplementedError()" in (students / THROWAWAY.file).read_text()
+    assert check_release(solutions, students) == []
+    (solutions / THROWAWAY.file).rename(solutions / "10_unlisted.ipynb")  # a notebook without its row
+    problems = {(d.path.name, d.problem) for d in check_release(solutions, students)}
+    assert ("10_unlisted.ipynb", "not in course.syllabus") in problems
+    assert (THROWAWAY.file, "in course.syllabus, missing") in problems
+
+
+def test_the_site_shows_the_new_notebook_in_its_place(throwaway, tmp_path):
+    from course.instructor.site import build_site
+
+    executed = tmp_path / "executed"
+    executed.mkdir()
+    shutil.copy(throwaway / "notebooks" / THROWAWAY.file, executed / THROWAWAY.file)
+    result = build_site(executed, tmp_path / "site", throwaway, partial=True)
+    assert result["notebooks"] == [THROWAWAY.name] and len(result["missing"]) == len(syllabus.NOTEBOOKS) - 1
+    index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert '<a href="09_throwaway.html">09_throwaway</a>' in index and "a lesson made up by this test" in index
+    assert index.index("08_quantize_or_evict") < index.index("09_throwaway")
