@@ -18,6 +18,7 @@ What a student's kernel imports
   ``course.transformers_cache``  the course's policies inside transformers' ``generate``
   ``course.attention_analysis``  where attention goes: sink mass, sink heads, residual and value norms, ablation
   ``course.train``               tiny models pretrained with and without a sink token or sink logit
+  ``course.training``            its rooms: the tasks, the variants, the training loop, the measurements
   ``course.passages``            results over many passages (spreads, intervals)
   ``course.stats``               intervals: the bootstrap and the range every verdict is judged on
   ``course.claims``              the scientific claims a notebook asserts, and their verdicts
@@ -27,6 +28,7 @@ What a student's kernel imports
   ``course.threads``             how many torch threads to use here
   ``course.builds``              what the build exercises plug into
   ``course.exercises``           every notebook's checkers and ``check`` (what a check cell calls)
+  ``course.syllabus``            the notebooks, in order: the one table everything that lists them reads
   ``course.notebook``            the lines every notebook runs after its parameters cell
   ``course.plots``               the notebooks' figures
   ``course.widgets``             the interactive explorers (attention maps, what a cache keeps)

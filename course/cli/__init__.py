@@ -1,11 +1,11 @@
 """The subcommands of ``python -m course``, one module per group; each returns a dict (printed as JSON with
 --json).
 
-* ``setup``: fetch, info, notebooks
+* ``setup``: fetch, info
 * ``experiments``: stream, needle, generate, chat
 * ``train``: train
 * ``bench``: bench (its --notebooks, --grading and --transformers-cache runs use the instructor's tools)
-* ``instructor``: host, release, grade, gradebook, check-outputs, reproductions, site
+* ``instructor``: host, release, grade, gradebook, check-outputs, reproductions, site, notebooks, architecture
 * ``args``: what they share (``Command``, argparse types, the model and policy arguments)
 """
 

@@ -1,5 +1,6 @@
 """The instructor's commands: ``host``, ``release``, ``grade``, ``gradebook``, ``check-outputs``,
-``reproductions`` and ``site`` (they need the ``instructor`` extra)."""
+``reproductions`` and ``site`` (they need the ``instructor`` extra), ``notebooks`` (the syllabus with its points)
+and ``architecture`` (docs/architecture.md's drawing)."""
 
 from __future__ import annotations
 
@@ -295,6 +296,47 @@ def _site(args: argparse.Namespace) -> dict:
     return result
 
 
+# ----------------------------------------------------------------------------- notebooks
+def _notebooks_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true")
+
+
+def _notebooks(args: argparse.Namespace) -> dict:
+    """The syllabus: every notebook with its points, its FAST budget and what it teaches."""
+    from course import syllabus
+    from course.instructor.grading.points import points_by_notebook
+
+    points = points_by_notebook()
+    rows = [{"notebook": nb.name, "points": sum(points[nb.number].values()), "fast_budget_s": nb.fast_budget_s,
+             "exercises": nb.exercises, "teaches": nb.teaches} for nb in syllabus.notebooks()]
+    if not args.json:
+        for row in rows:
+            print(f"{row['notebook']:<28} {row['points']:>4} points  FAST <= {row['fast_budget_s'] // 60} min  "
+                  f"{row['teaches']}")
+    return {"notebooks": rows}
+
+
+# ----------------------------------------------------------------------------- architecture
+def _architecture_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--page", default="docs/architecture.md", help="the page to draw in (default: docs/architecture.md)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit with an error if the drawing is stale")
+    p.add_argument("--json", action="store_true")
+
+
+def _architecture(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.instructor.architecture import write_page
+
+    current = write_page(Path(args.page), check=args.check)
+    if args.check and not current:
+        raise RuntimeError(f"{args.page} does not draw the imports of course/ as they are now "
+                           "(run `python -m course architecture`)")
+    if not args.json:
+        print(f"{args.page}: {'up to date' if current else 'drawn again'}")
+    return {"page": args.page, "up_to_date": current}
+
+
 # ----------------------------------------------------------------------------- reproductions
 def _reproductions_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="source", action="append", default=None,
@@ -329,4 +371,8 @@ COMMANDS = [
             _reproductions_args, _reproductions),
     Command("site", "build the course site (HTML pages of the executed notebooks, index, benchmarks)", _site_args,
             _site),
+    Command("notebooks", "list the course's notebooks: points, FAST time budget, what each teaches",
+            _notebooks_args, _notebooks),
+    Command("architecture", "draw the layers of course/ from its imports into docs/architecture.md",
+            _architecture_args, _architecture),
 ]

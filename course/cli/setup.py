@@ -1,5 +1,4 @@
-"""Setting up: ``fetch`` (the offline model and corpus), ``info`` (device, versions, what is cached) and
-``notebooks`` (the course's notebooks, from ``course.syllabus``)."""
+"""Setting up: ``fetch`` (the offline model and corpus) and ``info`` (device, versions, what is cached)."""
 
 from __future__ import annotations
 
@@ -88,29 +87,7 @@ def _info(args: argparse.Namespace) -> dict:
     return info
 
 
-# ----------------------------------------------------------------------------- notebooks
-def _notebooks_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true")
-
-
-def _notebooks(args: argparse.Namespace) -> dict:
-    """The syllabus: every notebook with its points, its FAST budget and what it teaches."""
-    from course import syllabus
-    from course.instructor.grading.points import points_by_notebook
-
-    points = points_by_notebook()
-    rows = [{"notebook": nb.name, "points": sum(points[nb.number].values()), "fast_budget_s": nb.fast_budget_s,
-             "exercises": nb.exercises, "teaches": nb.teaches} for nb in syllabus.notebooks()]
-    if not args.json:
-        for row in rows:
-            print(f"{row['notebook']:<28} {row['points']:>4} points  FAST <= {row['fast_budget_s'] // 60} min  "
-                  f"{row['teaches']}")
-    return {"notebooks": rows}
-
-
 COMMANDS = [
     Command("fetch", "download the offline model and corpus into the course cache", _fetch_args, _fetch),
     Command("info", "show device, versions, and which models and corpora are available", _info_args, _info),
-    Command("notebooks", "list the course's notebooks: points, FAST time budget, what each teaches",
-            _notebooks_args, _notebooks),
 ]
