@@ -13,16 +13,17 @@ from collections.abc import Callable
 from course import syllabus
 from course.exercises import serve
 from course.exercises.core import AUTOFILL_ENV, REGISTRY, Exercise, ExerciseFailed, NotDoneYet, result_of
-from course.exercises.questions import check_question
 
 __all__ = ["check", "get", "register_all"]
 
 
 def register_all() -> None:
-    """Import every notebook's exercise module (``course.syllabus``), which registers its exercises (once)."""
+    """Import every notebook's exercise module (``course.syllabus``), then the questions of every notebook: each
+    registers its own, once, in that order."""
     for nb in syllabus.notebooks():
         if nb.exercises:
             importlib.import_module(nb.exercises)
+    importlib.import_module("course.exercises.questions")
 
 
 register_all()
@@ -70,6 +71,8 @@ def check(id: str, fn: Callable, autofill: bool = False, answers: str = "shown",
         raise TypeError(f"autofill must be True or False, got {autofill!r} ({type(autofill).__name__})")
     autofill = autofill or _autofill_from_env()
     if ex.kind == "question":
+        from course.exercises.questions import check_question
+
         return check_question(ex, fn, autofill, key if answers == "shown" else None)
     status, feedback = result_of(ex, fn)
     if status == "pass":
