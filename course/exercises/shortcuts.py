@@ -17,7 +17,8 @@ from typing import Any
 
 __all__ = ["Watched", "code_objects", "call_watching"]
 
-_SHARED_BASES = ("course.policies.Policy",)  # every cache calls these: not a shortcut by themselves
+# every cache calls these: not a shortcut by themselves
+_SHARED_BASES = ("course.policies.base.Policy", "course.storage.base.Storage")
 
 
 def _qualified(obj: Any) -> str:

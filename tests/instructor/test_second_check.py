@@ -87,7 +87,7 @@ ROUTES = {  # routes to the course that a switched-off (or blind) watch in the k
                       "    return keys, values, done\n",
     "08.round_values": "import inspect, course.quantize\n"  # copies of the course's source, not calls into it
                        "def {name}(v, bits, group):\n"
-                       "    space = dict(vars(course.quantize))\n"
+                       "    space = dict(vars(inspect.getmodule(course.quantize.quantize)))\n"
                        "    for f in ('quantize', 'dequantize', 'fake_quantize'):\n"
                        "        exec(inspect.getsource(getattr(course.quantize, f)), space)\n"
                        "    shape = v.shape\n"
