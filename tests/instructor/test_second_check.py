@@ -115,7 +115,7 @@ def test_other_routes_to_the_course_are_refused(exercise_id, isolation):
 
 def test_the_stripped_package_keeps_no_copy_of_a_shortcut():
     ex = REGISTRY["08.kivi_settle"]
-    text = (strip_course(ex) / "quantize.py").read_text(encoding="utf-8")
+    text = (strip_course(ex) / "storage" / "kivi.py").read_text(encoding="utf-8")
     tree = ast.parse(text)
     settle = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "settle")
     assert len(settle.body) == 1 and isinstance(settle.body[0], ast.Raise)
