@@ -30,7 +30,7 @@ from course.assets import AUSTEN_BOOKS
 from course.data import load_split_text
 from course.models.base import CausalLM
 from course.policies import Policy
-from course.stats import MIN_FOR_INTERVAL, bootstrap_interval
+from course.stats import MIN_FOR_INTERVAL, bootstrap_interval, range_coverage
 from course.splits import SPLITS, check_split, record_text, split_seed
 from course.streaming import evaluate_stream
 
@@ -60,7 +60,8 @@ class Passage:
 @dataclass(frozen=True)
 class Spread:
     """How a metric varies over passages: its values and their summary. ``ci``: a bootstrap 95 % interval of
-    the median when there are at least ``MIN_FOR_INTERVAL`` values, else None (the values themselves are shown)."""
+    the median when there are at least ``MIN_FOR_INTERVAL`` values, else None: the values themselves are shown,
+    with the coverage of their range [low, high], 1 - 2^(1-n) (``course.stats.range_coverage``)."""
 
     values: tuple[float, ...]
     mean: float
@@ -75,7 +76,8 @@ class Spread:
             return (f"median {self.median:.3g} (95% CI {self.ci[0]:.3g}-{self.ci[1]:.3g}), mean {self.mean:.3g}, "
                     f"range {self.low:.3g}-{self.high:.3g} over {n} passages")
         return (f"median {self.median:.3g}, mean {self.mean:.3g}, values {', '.join(f'{v:.3g}' for v in self.values)} "
-                f"over {n} passages (too few for an interval: n < {MIN_FOR_INTERVAL})")
+                f"over {n} passages (too few for a bootstrap interval: n < {MIN_FOR_INTERVAL}; their range covers the "
+                f"median with probability 1 - 2^(1-n) = {range_coverage(n):.0%})")
 
     def share(self, holds) -> float:
         """Share of the passages whose value satisfies ``holds(value)``."""

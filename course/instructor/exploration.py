@@ -18,7 +18,8 @@ from pathlib import Path
 
 from course.claims import REPRODUCTION_MIME
 
-__all__ = ["read_provenance", "explore_notebook", "explore", "figure_text", "entries", "EXPLORATION_DIR"]
+__all__ = ["read_provenance", "confirmation_problems", "explore_notebook", "explore", "figure_text", "entries",
+           "anchor_pattern", "EXPLORATION_DIR"]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPLORATION_DIR = ROOT / "docs" / "exploration"
@@ -36,6 +37,33 @@ def read_provenance(executed: Path | str) -> dict | None:
             if data:
                 found = data
     return found
+
+
+def confirmation_problems(executed: Path | str) -> list[str]:
+    """Why an executed notebook is not an asserted run on confirmation data: it stored no provenance, ran on
+    the exploration split, recorded its claims instead of asserting them, or drew a seed or characters outside
+    the confirmation split (the ranges are checked against ``course.splits.split_range``, not just the labels)."""
+    from course.data import load_text
+    from course.splits import SEED_BLOCK, split_range
+
+    name = Path(executed).name
+    stored = read_provenance(executed)
+    if stored is None or "drawn" not in stored:
+        return [f"{name}: no record of the data it drew (executed before draws were recorded?)"]
+    problems = []
+    if stored["split"] != "confirmation" or stored["claims_recorded"]:
+        problems.append(f"{name}: ran on the {stored['split']} split with claims "
+                        f"{'recorded' if stored['claims_recorded'] else 'asserted'}")
+    for d in stored["drawn"]:
+        if d["what"] == "seed":
+            bad = d["split"] != "confirmation" or not 0 <= d["drawn"] < SEED_BLOCK
+        else:
+            source, _, book = d["source"].partition("/")
+            end = split_range(len(load_text(source, book)), "confirmation")[1]
+            bad = d["split"] != "confirmation" or not 0 <= d["start"] < d["end"] <= end
+        if bad:
+            problems.append(f"{name}: drew exploration data: {d}")
+    return problems
 
 
 def _commit() -> str:
