@@ -137,4 +137,5 @@ def explore(notebooks: list[Path], executed_dir: Path, out_dir: Path = EXPLORATI
     missing = [str(p) for p in notebooks if not Path(p).is_file()]
     if missing:
         raise ValueError(f"no such notebook: {', '.join(missing)}")
+    Path(executed_dir).mkdir(parents=True, exist_ok=True)
     return [explore_notebook(Path(p), Path(executed_dir), Path(out_dir), timeout) for p in notebooks]
