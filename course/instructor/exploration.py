@@ -19,7 +19,7 @@ from pathlib import Path
 from course.claims import REPRODUCTION_MIME
 
 __all__ = ["read_provenance", "confirmation_problems", "explore_notebook", "explore", "figure_text", "entries",
-           "anchor_pattern", "EXPLORATION_DIR"]
+           "anchor_pattern", "ledger_cell", "EXPLORATION_DIR"]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPLORATION_DIR = ROOT / "docs" / "exploration"
@@ -100,10 +100,26 @@ def entries(record: dict) -> list[dict]:
 
 
 def anchor_pattern(anchor: str) -> re.Pattern:
-    """A ledger anchor as a pattern over printed statements: quotes dropped, ``{...}`` fields match anything."""
-    text = " ".join(anchor.split()).strip('"')
+    """A ledger anchor as a pattern over printed statements: its longest stretch between double quotes (the
+    statement, without the code around it), ``{...}`` fields matching anything."""
+    text = max(" ".join(anchor.split()).split('"'), key=len)
     parts = re.split(r"\{[^}]*\}", text)
     return re.compile(".*?".join(re.escape(p) for p in parts))
+
+
+def ledger_cell(where: str, anchor: str, folder: Path = EXPLORATION_DIR) -> str | None:
+    """What ``docs/thresholds.md`` quotes as the exploration figure of the threshold at ``anchor`` in notebook
+    ``where``: the figures of every entry of ``folder/<where>.json`` the anchor names, then the run's date and
+    commit; None when the notebook has no exploration file or no entry matches (a constant, a code fragment)."""
+    path = folder / f"{where}.json"
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))
+    pattern = anchor_pattern(anchor)
+    found = [figure_text(e) for e in entries(record) if pattern.search(" ".join(e["text"].split()))]
+    if not found:
+        return None
+    return f"{'; '.join(found)} ({record['date']}, {record['commit']})"
 
 
 def explore_notebook(path: Path, executed_dir: Path, out_dir: Path, timeout: int | None = None) -> dict:
