@@ -10,18 +10,22 @@ to run every notebook through the GPT-2 code paths offline) prints and records t
 
 Three kinds of row, kept apart (``docs/reproductions.md`` counts only the first):
 
-* **reproduction** (``reproduction``): a paper's quantity re-measured in its own setting, scaled down and said
-  so. The row holds the paper result (a key of ``course.papers.RESULTS``), the paper's number, the notebook's
+* **reproduction** (``reproduction``): the paper's own quantity re-measured in the paper's setting (the row's
+  ``scale`` states the setting), scaled down and said so; a different quantity, or the paper's quantity in a
+  setting the paper did not use, is an illustration or the course's finding. The row holds the paper result (a key of ``course.papers.RESULTS``), the paper's number, the notebook's
   values (one per passage, seed, prompt or repetition), the scale it ran at, and a ``Rule`` fixed before the
   run (its value, why, and the commit it was fixed in: ``docs/thresholds.md``) that turns the values into a
   verdict: *reproduced*, *partly*, *not reproduced at this scale*, or *inconclusive at n = ...*;
-* **illustration** (``illustration``): true by construction, or a different quantity than the paper's. Shown
+* **illustration** (``illustration``): true by construction, a different quantity than the paper's, or the
+  paper's quantity in another setting. Shown
   beside the paper's number, never given a verdict, never counted;
 * **the course's own finding** (``finding``, ``report``): a statement no paper measured, judged by a rule the
   course fixed: *holds*, *does not hold*, or *inconclusive at n = ...*. Never "reproduced".
 
 Uncertainty. A verdict is judged on an interval, never on a point (``course.stats.interval``): a bootstrap 95 %
-interval of the median (or mean) from 8 values on, the full range of 2 to 7 values. *Reproduced* needs the
+interval of the median (or mean) from 8 values on, the full range of 2 to 7 values (which covers the median with
+probability 1 - 2^(1-n), printed with it). Thresholds are chosen on the exploration split and asserted on the
+confirmation split (``course.splits``, ``python -m course explore``). *Reproduced* needs the
 whole interval to clear the rule's threshold; an interval that straddles a threshold is *inconclusive at n =
 ...* (raise n in the full run rather than lower the bar). Every row carries its n.
 

@@ -69,3 +69,26 @@ def test_needles_draw_from_their_split(smollm2):
     b = make_needle_trials(tok, 3, 200, seed=0, split="exploration")
     assert {t.key for t in a}.isdisjoint({t.key for t in b})
     assert [d["split"] for d in splits.drawn()] == ["confirmation"] * 2 + ["exploration"] * 2
+
+
+def test_the_exploration_command_refuses_missing_notebooks_and_quotes_figures(tmp_path, capsys):
+    import json
+
+    from course.__main__ import main
+    from course.instructor.exploration import anchor_pattern, explore, figure_text, ledger_cell
+
+    with pytest.raises(ValueError, match="no such notebook: .*nope.ipynb"):
+        explore([tmp_path / "nope.ipynb"], tmp_path)
+    assert main(["explore", str(tmp_path / "nope.ipynb"), "--executed", str(tmp_path)]) != 0
+    record = {"date": "2026-12-05", "commit": "abc1234", "rows": [
+        {"quantity": "no sinks / 4 sinks", "rule": "reproduced: no sinks / 4 sinks >= 10", "measured": 3.3,
+         "low": 2.5, "high": 24.3, "n": 4}],
+        "claims": [{"statement": "eight sinks are within 5% of four", "held": False, "figure": 0.061}]}
+    (tmp_path / "03_streaming_llm.json").write_text(json.dumps(record))
+    assert ledger_cell("03_streaming_llm", '"no sinks / 4 sinks", at_least=10', tmp_path) == \
+        "3.3 [2.5 to 24.3], n = 4 (2026-12-05, abc1234)"
+    assert ledger_cell("03_streaming_llm", "eight sinks are within {WIN:.0%} of four", tmp_path) == \
+        "0.061 (did not hold) (2026-12-05, abc1234)"
+    assert ledger_cell("03_streaming_llm", "WIN = 0.05", tmp_path) is None
+    assert anchor_pattern('claim(x, "a {b:g} c", model)').search("a 0.5 c")
+    assert figure_text({"type": "claim", "held": True, "figure": None}) == "held"
