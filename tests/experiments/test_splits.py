@@ -90,5 +90,5 @@ def test_the_exploration_command_refuses_missing_notebooks_and_quotes_figures(tm
     assert ledger_cell("03_streaming_llm", "eight sinks are within {WIN:.0%} of four", tmp_path) == \
         "0.061 (did not hold) (2026-12-05, abc1234)"
     assert ledger_cell("03_streaming_llm", "WIN = 0.05", tmp_path) is None
-    assert anchor_pattern('claim(x, "a {b:g} c", model)').search("a 0.5 c")
+    assert anchor_pattern('claim(x, "the sinks at {w:g} help", model)').search("so the sinks at 0.5 help")
     assert figure_text({"type": "claim", "held": True, "figure": None}) == "held"
