@@ -5,11 +5,20 @@ could move it. Every verdict the course prints is judged on an interval instead 
 
 * from ``MIN_FOR_INTERVAL`` values on, a bootstrap 95 % interval of the statistic (the values resampled with
   replacement, 2000 times, with a fixed seed so that a run gives the same interval again);
-* with fewer values (2 to 7), the full range of the values: a bootstrap interval from so few values mostly
-  restates the range, and the range is the honest summary;
+* with fewer values (2 to 7), the full range [min, max]. Its coverage is *not* 95 %: over n independent
+  values, [min, max] misses the population median only when all n fall on one side of it, so it covers the
+  median with probability 1 - 2^(1-n) (``range_coverage``): 50 % at n = 2, 75 % at 3, 88 % at 4, 94 % at 5,
+  97 % at 6, 98 % at 7. A bootstrap interval from so few values is narrower still and covers less, which is
+  why the range is used; every interval prints its coverage, so that a verdict from three values is read as
+  the 75 % statement it is;
 * with one value (a configuration's arithmetic, one timing), the value itself.
 
+A claim a notebook asserts is asserted on the interval's cautious bound, not on its median (``bound``):
+"at most 1.3" needs the interval's top at most 1.3. It needs ``MIN_FOR_CLAIM`` values, or says that it rests
+on fewer.
+
     interval([1.2, 1.5, 0.9, 1.1])            # Interval(point=1.15, low=0.9, high=1.5, n=4, how="range")
+    interval([1.2, 1.5, 0.9, 1.1]).coverage   # 0.875
 """
 
 from __future__ import annotations
@@ -20,9 +29,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MIN_FOR_INTERVAL", "STATISTICS", "Interval", "interval", "bootstrap_interval"]
+__all__ = ["MIN_FOR_INTERVAL", "MIN_FOR_CLAIM", "STATISTICS", "Interval", "interval", "bootstrap_interval",
+           "range_coverage", "Bound", "bound"]
 
-MIN_FOR_INTERVAL = 8  # a bootstrap interval of the median from fewer values mostly restates the range
+MIN_FOR_INTERVAL = 8  # below it, the range: a bootstrap interval from fewer values is narrower and covers less
+MIN_FOR_CLAIM = 5     # an asserted claim rests on at least this many values (range coverage 94 %) or says so
 STATISTICS = {"median": statistics.median, "mean": statistics.fmean}
 
 
@@ -37,10 +48,25 @@ class Interval:
     how: str        # "95% bootstrap interval", "range" or "one value"
     statistic: str  # "median" or "mean"
 
+    @property
+    def coverage(self) -> float | None:
+        """How often an interval made this way covers the population's median: 0.95 for the bootstrap
+        (nominal), 1 - 2^(1-n) for the range of n values, None for one value."""
+        return {"95% bootstrap interval": 0.95, "range": range_coverage(self.n)}.get(self.how)
+
     def __str__(self) -> str:
         if self.n == 1:
             return f"{self.point:.3g} (n = 1)"
-        return f"{self.statistic} {self.point:.3g}, {self.how} {self.low:.3g} to {self.high:.3g} (n = {self.n})"
+        return (f"{self.statistic} {self.point:.3g}, {self.how} {self.low:.3g} to {self.high:.3g} (n = {self.n}, "
+                f"coverage {self.coverage:.0%})")
+
+
+def range_coverage(n: int) -> float:
+    """The probability that [min, max] of ``n`` independent values covers their population median:
+    1 - 2^(1-n) (it misses only when all n values fall on the same side)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"n must be an integer >= 2 (a range needs two values), got {n!r}")
+    return 1 - 2.0 ** (1 - n)
 
 
 def _values(values) -> tuple[float, ...]:
@@ -77,3 +103,31 @@ def interval(values, statistic: str = "median") -> Interval:
         low, high = bootstrap_interval(values, statistic)
         return Interval(point, low, high, len(values), "95% bootstrap interval", statistic)
     return Interval(point, min(values), max(values), len(values), "range", statistic)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What an asserted claim is judged on: the interval's cautious ``bound`` (its top for "at most", its
+    bottom for "at least") and whether it ``held`` against the threshold."""
+
+    held: bool
+    bound: float
+    interval: Interval
+    text: str
+
+
+def bound(values, at_most: float | None = None, at_least: float | None = None, statistic: str = "median") -> Bound:
+    """Judge "the ``statistic`` of ``values`` is at most ``at_most`` (at least ``at_least``)" on the cautious bound
+    of its interval, and say so in one printed line with the interval's coverage; a claim resting on fewer than
+    ``MIN_FOR_CLAIM`` values says that too."""
+    if (at_most is None) == (at_least is None):
+        raise ValueError("bound: give exactly one of at_most= or at_least=")
+    iv = interval(values, statistic)
+    up = at_least is not None
+    edge = iv.low if up else iv.high
+    held = edge >= at_least if up else edge <= at_most
+    side = f"{'bottom' if up else 'top'} {edge:.3g} {'>=' if up else '<='} {at_least if up else at_most:g}"
+    few = f"; rests on n = {iv.n} < {MIN_FOR_CLAIM} values" if iv.n < MIN_FOR_CLAIM else ""
+    text = f"{iv}: interval {side}? {'yes' if held else 'no'}{few}"
+    print(text)
+    return Bound(held, edge, iv, text)

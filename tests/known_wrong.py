@@ -190,6 +190,29 @@ def sink_layer(x, layer, sink: str = "per_head", mask: str = "before", scale: bo
     return layer.out((w @ v).transpose(1, 2).reshape(b, t, dm))
 
 
+def gated_layer(x, layer, gate_from: str = "x", gate_at: str = "before_out", squash: bool = True,
+                heads: str = "split", mask: str = "before"):
+    """``gated_attention_layer`` and its typical mistakes: ``gate_from="y"`` reads the gate from the attention's
+    output, ``gate_at="after_out"`` gates after the projection, ``gate_at="none"`` forgets it, ``squash=False``
+    skips the sigmoid, ``heads="reshape"`` merges [B, H, T, d] by a plain reshape, ``mask="after"`` zeroes the
+    future's weights after the softmax."""
+    b, t, dm = x.shape
+    h = layer.n_head
+    d = dm // h
+    q, k, v = (z.view(b, t, h, d).transpose(1, 2) for z in layer.qkv(x).split(dm, dim=-1))
+    scores = q @ k.transpose(-1, -2) / d**0.5
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")) if mask == "before" else scores, dim=-1)
+    if mask == "after":
+        weights = weights.masked_fill(future, 0.0)
+    y = (weights @ v).transpose(1, 2).reshape(b, t, dm) if heads == "split" else (weights @ v).reshape(b, t, dm)
+    gate = layer.gate(x if gate_from == "x" else y)
+    gate = torch.sigmoid(gate) if squash else gate
+    if gate_at == "after_out":
+        return layer.out(y) * gate
+    return layer.out(y) if gate_at == "none" else layer.out(y * gate)
+
+
 def _variant(impl, **switches):
     if impl is snapkv_compress:  # the checker passes pooling positionally; a mistake may replace it
         return lambda m, p, c, w, k, pooling="max": impl(m, p, c, w, k, **{"pooling": pooling, **switches})
@@ -265,6 +288,14 @@ MISTAKES = {
         (dict(mask="after"), "mask the future before the softmax"),
         (dict(scale=False), "1/sqrt(d)"),
         (dict(heads="reshape"), "view(B, T, H, d).transpose(1, 2)"),
+    ]),
+    "06.gated_attention_layer": (gated_layer, [
+        (dict(gate_at="none"), "the gate is missing"),
+        (dict(gate_from="y"), "computed from the layer's input x"),
+        (dict(gate_at="after_out"), "between the attention and the output projection"),
+        (dict(squash=False), "with a sigmoid"),
+        (dict(heads="reshape"), "transpose(1, 2).reshape(B, T, D)"),
+        (dict(mask="after"), "mask the future before the softmax"),
     ]),
     "08.kivi_settle": (kivi_settle, [
         (dict(key_axis="token"), "keys are rounded per channel"),

@@ -15,7 +15,7 @@ from course.instructor.architecture import PACKAGE, import_graph, module_files
 
 # the command line is the one door to both rooms: its instructor commands (and bench's instructor runs) use the
 # instructor's tools, so these modules, and what joins them, may import course.instructor
-DOORS = {"course.__main__", "course.cli", "course.cli.bench", "course.cli.instructor"}
+DOORS = {"course.__main__", "course.cli", "course.cli.bench", "course.cli.instructor", "course.cli.science"}
 MODULES = module_files()
 GRAPH = import_graph()
 

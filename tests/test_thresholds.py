@@ -1,6 +1,8 @@
 """The threshold ledger (docs/thresholds.md) and the code agree: every fragment it quotes is in its file with the
 value it gives, every claim, rule and finding of the notebooks has a row, course.train.THRESHOLDS equals its rows,
-and a notebook that names the commit a threshold was fixed in names one the ledger gives."""
+a notebook that names the commit a threshold was fixed in names one the ledger gives, and every row quotes the
+figure its notebook's exploration run measured (docs/exploration/*.json, ``python -m course explore``), with that
+run's date and commit."""
 
 from __future__ import annotations
 
@@ -35,10 +37,10 @@ def ledger_rows() -> list[dict]:
         if not line.startswith("| ") or line.startswith("| id |"):
             continue
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if len(cells) != 7:
+        if len(cells) != 8:
             continue
         rows.append({"id": cells[0], "where": cells[1], "anchor": _unquote(cells[2]), "code": _unquote(cells[3]),
-                     "value": cells[4], "why": cells[5], "fixed": cells[6]})
+                     "value": cells[4], "exploration": cells[5], "why": cells[6], "fixed": cells[7]})
     return rows
 
 
@@ -86,13 +88,14 @@ def test_every_claim_and_rule_of_a_notebook_has_a_row(stem):
 
 
 def test_the_shared_thresholds_equal_their_rows():
-    from course.stats import MIN_FOR_INTERVAL
+    from course.stats import MIN_FOR_CLAIM, MIN_FOR_INTERVAL
     from course.train import THRESHOLDS
 
     by_id = {r["id"]: r for r in ROWS}
     for name, value in THRESHOLDS.items():
         assert numbers_in(by_id[f"06-{name}"]["value"]) == {float(value)}, name
     assert numbers_in(by_id["interval"]["value"]) == {float(MIN_FOR_INTERVAL)}
+    assert numbers_in(by_id["claim-values"]["value"]) == {float(MIN_FOR_CLAIM)}
 
 
 def test_a_commit_a_notebook_names_beside_a_threshold_is_the_ledgers():
@@ -111,3 +114,21 @@ def test_a_commit_a_notebook_names_beside_a_threshold_is_the_ledgers():
                     known = fixed.get(stem, set()) | fixed.get("course/train.py", set())
                     assert commit in known or commit in history, f"{stem}: {commit} is not in the ledger"
             assert "fixed at 10 % before the run" not in text, f"{stem}: contradicted by the history (4310adb)"
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r["id"])
+def test_every_row_quotes_its_exploration_figure(row):
+    """The exploration cell is what ``ledger_cell`` computes from the notebook's exploration file: the figures of
+    the rows and claims the anchor names, with the run's date and commit; a row no exploration entry can name (a
+    constant, a fragment of code) says so and points to the rows that carry its figures."""
+    from course.instructor.exploration import ledger_cell
+
+    by_id = {r["id"]: r for r in ROWS}
+    cell = row["exploration"]
+    want = ledger_cell(row["where"], row["anchor"])
+    if want is not None:
+        assert cell == want, f"{row['id']}: the ledger says {cell!r}, docs/exploration says {want!r}"
+        return
+    assert cell.startswith(("constant", "no figure")), f"{row['id']}: no exploration entry matches, and {cell!r}"
+    for other in re.findall(r"\b0\d-[a-z][a-z0-9-]*\b", cell):
+        assert other in by_id and ledger_cell(by_id[other]["where"], by_id[other]["anchor"]), (row["id"], other)

@@ -1,6 +1,6 @@
-"""The instructor's commands: ``host``, ``release``, ``grade``, ``gradebook``, ``check-outputs``,
-``reproductions`` and ``site`` (they need the ``instructor`` extra), ``notebooks`` (the syllabus with its points)
-and ``architecture`` (docs/architecture.md's drawing)."""
+"""The instructor's commands: ``host``, ``release``, ``grade``, ``gradebook``, ``check-outputs`` and ``site`` (they
+need the ``instructor`` extra), ``notebooks`` (the syllabus with its points) and ``architecture``
+(docs/architecture.md's drawing)."""
 
 from __future__ import annotations
 
@@ -337,26 +337,6 @@ def _architecture(args: argparse.Namespace) -> dict:
     return {"page": args.page, "up_to_date": current}
 
 
-# ----------------------------------------------------------------------------- reproductions
-def _reproductions_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--from", dest="source", action="append", default=None,
-                   help="folder of executed notebooks, one column of the table each (give it twice: the FAST and the "
-                        "full-size copies; default: ./outputs, written by run-course.sh --execute)")
-    p.add_argument("--out", default="docs/reproductions.md", help="the page to write (default: docs/reproductions.md)")
-    p.add_argument("--json", action="store_true")
-
-
-def _reproductions(args: argparse.Namespace) -> dict:
-    from course.instructor.reproductions import write_reproductions
-
-    result = write_reproductions(args.source or ["outputs"], args.out)
-    if not args.json:
-        counts = "; ".join(f"{name}: " + ", ".join(f"{n} {v}" for v, n in c.items())
-                           for name, c in result["columns"].items())
-        print(f"{result['rows']} rows (reproductions {counts}) -> {result['out']}")
-    return result
-
-
 COMMANDS = [
     Command("host", "where the course lives: the Colab cells and README links follow pyproject.toml", _host_args,
             _host),
@@ -367,8 +347,6 @@ COMMANDS = [
             _gradebook),
     Command("check-outputs", "check executed notebooks for frozen progress bars, widget text, loading messages",
             _check_outputs_args, _check_outputs),
-    Command("reproductions", "the reproduction table (paper vs course, verdicts) from executed notebooks",
-            _reproductions_args, _reproductions),
     Command("site", "build the course site (HTML pages of the executed notebooks, index, benchmarks)", _site_args,
             _site),
     Command("notebooks", "list the course's notebooks: points, FAST time budget, what each teaches",

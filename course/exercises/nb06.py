@@ -210,55 +210,67 @@ def _check_sink_layer(fn) -> None:
         raise Wrong(_diagnose_layer(fn))
 
 
-# ----------------------------------------------------------------------------- 6. the output gate
-def _gated_with_course(y: Tensor, x: Tensor, layer) -> Tensor:
-    """AUTOFILL's gate: the heads merged, the course's ``output_gate``, then ``layer.out``."""
-    b, h, t, d = y.shape
-    return layer.out(output_gate(y.transpose(1, 2).reshape(b, t, h * d), x, layer.gate))
+# ----------------------------------------------------------------------------- 6. build: the gated layer
+def _gated_layer_with_course(x: Tensor, layer) -> Tensor:
+    """AUTOFILL's build: the course's causal ``attend``, the heads merged, the course's ``output_gate``,
+    ``layer.out``."""
+    b, t, dm = x.shape
+    h = layer.n_head
+    q, k, v = (z.view(b, t, h, dm // h).transpose(1, 2) for z in layer.qkv(x).split(dm, dim=-1))
+    y = attend(q, k, v, causal=True)[0].transpose(1, 2).reshape(b, t, dm)
+    return layer.out(output_gate(y, x, layer.gate))
 
 
-@torch.inference_mode()
-def _gated_inputs(model) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Per layer of a gated GPT-2: (the heads' outputs y [B, H, T, d], the layer's input x [B, T, D], the layer's
-    output [B, T, D]), from one forward (the course's attention gives y, the model's own forward the output)."""
-    xs, outs = _course_layer(model)
-    rows = []
-    for x, out, block in zip(xs, outs, model.blocks):
-        b, t, dm = x.shape
-        h = model.config.n_head
-        q, k, v = (z.view(b, t, h, dm // h).transpose(1, 2) for z in block.attn.qkv(x).split(dm, dim=-1))
-        rows.append((attend(q, k, v, causal=True)[0], x, out))
-    return rows
+def _gated_variant(x: Tensor, layer, gate_from: str = "x", gate_at: str = "before_out", squash: bool = True,
+                   merge: str = "transpose", mask: str = "before") -> Tensor:
+    """The gated layer [B, T, D] with the switches of its typical mistakes (the diagnosis's candidates): the gate
+    computed from the merged heads (``gate_from="y"``), applied after ``layer.out``, without the sigmoid, left
+    out (``gate_at="none"``), the heads merged by a plain reshape, the future zeroed after the softmax."""
+    b, t, dm = x.shape
+    h = layer.n_head
+    d = dm // h
+    q, k, v = (z.view(b, t, h, d).transpose(1, 2) for z in layer.qkv(x).split(dm, dim=-1))
+    scores = q @ k.transpose(-1, -2) / d**0.5
+    future = torch.ones(t, t, dtype=torch.bool).triu(1)
+    w = torch.softmax(scores.masked_fill(future, float("-inf")) if mask == "before" else scores, dim=-1)
+    w = w.masked_fill(future, 0.0) if mask == "after" else w
+    y = (w @ v).transpose(1, 2).reshape(b, t, dm) if merge == "transpose" else (w @ v).reshape(b, t, dm)
+    logits = layer.gate(x if gate_from == "x" else y)
+    gate = torch.sigmoid(logits) if squash else logits
+    if gate_at == "after_out":
+        return layer.out(y) * gate
+    return layer.out(y) if gate_at == "none" else layer.out(y * gate)
 
 
-@exercise("06.gated_output", "Exercise 5 (the output gate of gated attention)", fallback=_gated_with_course,
-          shortcuts=(output_gate, OutputGate))
-def _check_gate(fn) -> None:
+_GATE_MISTAKES = [
+    (dict(gate_at="none"), hint(1, "the gate is missing: multiply the merged heads by sigmoid(layer.gate(x)), then "
+                                   "apply layer.out")),
+    (dict(gate_from="y"), hint(3, "the gate is computed from the layer's input x (the query token's hidden state), "
+                                  "not from the attention's output")),
+    (dict(gate_at="after_out"), hint(3, "the gate sits between the attention and the output projection (the paper's "
+                                        "position G1): gate the merged heads, then apply layer.out")),
+    (dict(squash=False), hint(1, "squash the gate's logits with a sigmoid, so that every gate lies in (0, 1)")),
+    (dict(merge="reshape"), hint(2, "merge the heads as transpose(1, 2).reshape(B, T, D): [B, H, T, d] -> "
+                                    "[B, T, H, d] -> [B, T, D]")),
+    (dict(mask="after"), hint(3, "mask the future before the softmax (scores -inf), not after it")),
+]
+
+
+@exercise("06.gated_attention_layer", "Build exercise (a gated attention layer: attention, gate, projection)",
+          points=4, kind="build", fallback=_gated_layer_with_course, shortcuts=(*_ATTENTION, output_gate, OutputGate))
+def _check_gated_layer(fn) -> None:
     model = tiny_model("gpt2", seed=7, output_gate="elementwise")
-    for i, (y, x, want) in enumerate(_gated_inputs(model)):
+    xs, ys = _course_layer(model)
+    for i, (x, want) in enumerate(zip(xs, ys)):
         parts = layer_parts(model.blocks[i].attn)
         with torch.inference_mode():
-            got = fn(y.clone(), x.clone(), parts)
+            got = fn(x.clone(), parts)
         if close(got, want, 1e-9):
             continue
-        got = _of_shape(got, want, "the layer's output [B, T, D] (heads merged, gated, then layer.out)")
-        b, h, t, d = y.shape
-        merged = y.transpose(1, 2).reshape(b, t, h * d)
+        got = _of_shape(got, want, "the layer's output [B, T, D] (attention, heads merged, gated, then layer.out)")
         with torch.inference_mode():
-            wrong = {
-                "the gate is computed from the layer's input x (the query token's hidden state), not from the "
-                "attention output y": parts.out(merged * torch.sigmoid(parts.gate(merged))),
-                "the gate sits before the output projection: gate the merged heads, then apply layer.out":
-                    parts.out(merged) * torch.sigmoid(parts.gate(x)),
-                "squash the gate's logits with a sigmoid, so that each gate lies in (0, 1)":
-                    parts.out(merged * parts.gate(x)),
-                "the gate is missing: multiply the merged heads by sigmoid(layer.gate(x)) before layer.out":
-                    parts.out(merged),
-                "merge the heads as transpose(1, 2).reshape(B, T, H * d): [B, H, T, d] -> [B, T, H, d] -> [B, T, D]":
-                    parts.out(y.reshape(b, t, h * d) * torch.sigmoid(parts.gate(x))),
-            }
-        for message, output in wrong.items():
-            if close(got, output, 1e-9):
-                raise Wrong(message)
-        raise Wrong(f"layer {i}: the output differs from the gated layer's "
-                    "(layer.out(merged ⊙ sigmoid(layer.gate(x))))")
+            for switches, message in _GATE_MISTAKES:
+                if close(got, _gated_variant(x, parts, **switches), 1e-9):
+                    raise Wrong(message)
+        raise Wrong(hint(2, f"layer {i}: the output differs from the gated layer's: causal attention with 1/sqrt(d), "
+                            "heads merged, times sigmoid(layer.gate(x)), then layer.out"))

@@ -18,9 +18,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from course.claims import FINDING, ILLUSTRATION, REPRODUCTION, REPRODUCTION_MIME, VERDICTS, verdict_class
+from course.claims import (DOES_NOT_HOLD, FINDING, HOLDS, ILLUSTRATION, INCONCLUSIVE, REPRODUCTION, REPRODUCTION_MIME,
+                           VERDICTS, verdict_class)
 
-__all__ = ["read_rows", "read_not_run", "column_name", "render", "write_reproductions"]
+__all__ = ["read_rows", "read_not_run", "column_name", "render", "tally", "write_reproductions"]
+
+FINDING_VERDICTS = (HOLDS, INCONCLUSIVE, DOES_NOT_HOLD)
 
 NOT_RUN_FILE = "not-run.txt"
 
@@ -89,118 +92,178 @@ def _key(r: dict) -> tuple:
     return (r["notebook"], r["kind"], r.get("result"), r["quantity"])
 
 
-def render(columns: dict[str, tuple[list[dict], dict[str, str], dict[str, str]]]) -> str:
-    """The page from ``{column name: (rows, runs, not_run)}`` (``read_rows`` and ``read_not_run`` of each folder)."""
-    from course.papers import RESULTS
+_SAME = ("measured", "low", "high", "n", "scale", "model")
+SAME_RUNS = "*the same runs as {first}*"  # a later column's row whose every number is the first column's
 
-    names = list(columns)
-    order, first = [], {}
-    for name in names:  # every row once, in the order the notebooks recorded them
-        for r in columns[name][0]:
-            if _key(r) not in first:
-                order.append(_key(r))
-                first[_key(r)] = r
-    by = {name: {_key(r): r for r in columns[name][0]} for name in names}
 
-    def absent(name: str, key: tuple) -> str:
-        _, runs, not_run = columns[name]
+def _same_runs(r: dict, other: dict | None) -> bool:
+    """Whether a row repeats ``other`` (the first column's): the same numbers from the same scale and model are
+    the same runs, counted once (notebook 06's trained models are the fast preset in both columns)."""
+    return other is not None and all(r.get(k) == other.get(k) for k in _SAME)
+
+
+Columns = dict[str, tuple[list[dict], dict[str, str], dict[str, str]]]
+
+
+class _Page:
+    """What every part of the page reads: the columns, every row once in the order the notebooks recorded them
+    (``order``, ``first``), each column's rows by key (``by``), and which of them repeat the first column's."""
+
+    def __init__(self, columns: Columns):
+        self.columns, self.names = columns, list(columns)
+        self.order, self.first = [], {}
+        for name in self.names:
+            for r in columns[name][0]:
+                if _key(r) not in self.first:
+                    self.order.append(_key(r))
+                    self.first[_key(r)] = r
+        self.by = {name: {_key(r): r for r in columns[name][0]} for name in self.names}
+        head = self.by[self.names[0]]
+        self.repeated = {name: {k for k, r in self.by[name].items() if _same_runs(r, head.get(k))}
+                         for name in self.names[1:]}
+
+    def counted(self, name: str) -> list[dict]:
+        """A column's rows that are its own runs (not repeats of the first column's)."""
+        return [r for r in self.columns[name][0] if _key(r) not in self.repeated.get(name, ())]
+
+    def absent(self, name: str, key: tuple) -> str:
+        _, runs, not_run = self.columns[name]
         why = next((w for stem, w in not_run.items() if stem[:2] == key[0]), "")
         if any(stem[:2] == key[0] for stem in runs):  # the notebook ran, without this row (``why``: e.g. an older run)
             return "*no such row in this run*" + (f": {why}" if why else "")
         return "*not run*" + (f": {why}" if why else "")
 
-    out = ["# Reproductions", "",
-           "Every published result the course quotes or re-runs, the paper's number beside the course's own, in three "
-           "kinds kept apart (`course.claims`):", "",
-           "* **reproductions** — a paper's quantity re-measured in its own setting, scaled down and said so; each "
-           "gets a verdict from a rule fixed before the run (its value, why and the commit it was fixed in: "
-           "[thresholds.md](thresholds.md)): *reproduced* or *partly* only when the whole interval clears the "
-           "threshold (a bootstrap 95 % interval from 8 values on, the full range of fewer), *inconclusive at n = "
-           "...* when it straddles one, else *not reproduced at this scale*. Only these are counted;",
-           "* **illustrations** — true by construction, or a different quantity than the paper's: shown beside the "
-           "paper's number, never given a verdict, never counted;",
-           "* **the course's own findings** — statements no paper measured: *holds*, *does not hold* or "
-           "*inconclusive at n = ...*.", "",
-           "Every row gives its n (passages, seeds, prompts or timing repetitions) and, from two values on, the "
-           "interval its verdict was judged on. Written by `python -m course reproductions --from outputs --from "
-           "outputs-full` from executed notebooks, one column per folder; the papers are listed in full in "
-           "[references.md](references.md).", ""]
-    for name in names:
-        rows, runs, not_run = columns[name]
-        read = "; ".join(f"`{n}` ({p or 'default parameters'})" for n, p in runs.items())
-        skipped = "; ".join(f"`{n}` not run: {w}" if n not in runs else f"`{n}`: {w}" for n, w in not_run.items())
-        meaning = f" ({COLUMN_MEANING[name]})" if name in COLUMN_MEANING else ""
-        out += [f"**{name}**{meaning}: notebooks read: {read or 'none'}." + (f" {skipped}." if skipped else ""), ""]
-    tallies = []
-    for name in names:
-        reps = [r for r in columns[name][0] if r["kind"] == REPRODUCTION]
-        counts = {v: sum(verdict_class(r["verdict"]) == v for r in reps) for v in VERDICTS}
-        tallies.append(f"{name}: {len(reps)} reproductions — " + ", ".join(f"{n} {v}" for v, n in counts.items()))
-    out += ["Tally (reproductions only): " + "; ".join(tallies) + ".", ""]
-
-    def table(kind: str, head: list[str], cells) -> None:
-        keys = [k for k in order if k[1] == kind]
-        if not keys:
-            out.extend(["(none)", ""])
-            return
-        out.append("| " + " | ".join(head) + " |")
-        out.append("|" + "---|" * len(head))
-        for k in keys:
-            out.append("| " + " | ".join(_cell(c) for c in cells(k)) + " |")
-        out.append("")
-
-    def per_column(k: tuple, verdict: bool = True) -> list[str]:
+    def cells(self, k: tuple, verdict: bool = True) -> list[str]:
+        """A row's cells in every column: the value, scale and model (and the verdict)."""
         cells = []
-        for name in names:
-            r = by[name].get(k)
+        for name in self.names:
+            r = self.by[name].get(k)
             if r is None:
-                cells += [absent(name, k)] + ([""] if verdict else [])
+                cells += [self.absent(name, k)] + ([""] if verdict else [])
+            elif k in self.repeated.get(name, ()):
+                cells += [SAME_RUNS.format(first=self.names[0])] + ([""] if verdict else [])
             else:
                 cells += [f"{_value(r)}; {r['model']}, {r['scale']}"] + (
                     [f"**{r['verdict']}** — {r['reason']}"] if verdict else [])
         return cells
 
-    out += ["## Reproductions (counted)", ""]
-    table(REPRODUCTION, ["notebook", "paper, table or figure", "quantity", "paper"]
-          + [h for name in names for h in (f"{name}: course", f"{name}: verdict")],
-          lambda k: [k[0], first[k]["source"], first[k]["quantity"], first[k]["paper"]] + per_column(k))
-    if len(names) > 1:
-        out += [f"### Where {names[0]} and {names[1]} disagree", ""]
-        diff = []
-        for k in order:
-            if k[1] == REPRODUCTION and k in by[names[0]] and k in by[names[1]]:
-                a, b = (verdict_class(by[n][k]["verdict"]) for n in names[:2])
-                if a != b:
-                    diff.append(f"* `{k[0]}`, {_cell(first[k]['source'])}, {_cell(k[3])}: {names[0]} "
-                                f"*{by[names[0]][k]['verdict']}*, {names[1]} *{by[names[1]][k]['verdict']}*.")
-        out += (diff or ["The verdicts agree wherever both columns have the row."]) + [""]
-    out += ["## Illustrations (shown, not counted)", ""]
-    table(ILLUSTRATION, ["notebook", "paper, table or figure", "quantity shown here", "paper"]
-          + [f"{name}: course" for name in names] + ["why it is not a reproduction"],
-          lambda k: [k[0], first[k]["source"], first[k]["quantity"], first[k]["paper"]] + per_column(k, False)
-          + [first[k]["reason"]])
-    out += ["## The course's own findings (no paper)", ""]
-    table(FINDING, ["notebook", "statement"] + [h for name in names for h in (f"{name}: measured",
-                                                                                 f"{name}: verdict")],
-          lambda k: [k[0], k[3]] + per_column(k))
-    out += ["## The rules, fixed before the runs", "",
-            "Each rule's value, why that size, the commit it was fixed in and every change since: "
-            "[thresholds.md](thresholds.md).", ""]
+    def table(self, kind: str, head: list[str], cells) -> list[str]:
+        keys = [k for k in self.order if k[1] == kind]
+        if not keys:
+            return ["(none)", ""]
+        return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                + ["| " + " | ".join(_cell(c) for c in cells(k)) + " |" for k in keys] + [""])
+
+
+INTRO = [
+    "# Reproductions", "",
+    "Every published result the course quotes or re-runs, the paper's number beside the course's own, in three "
+    "kinds kept apart (`course.claims`):", "",
+    "* **reproductions** — the paper's own quantity re-measured in the paper's setting (the row states the setting), "
+    "scaled down and said so; each gets a verdict from a rule fixed before the run on exploration data the verdict "
+    "never sees (its value, the exploratory figure it came from, why and the commit it was fixed in: "
+    "[thresholds.md](thresholds.md)): *reproduced* or *partly* only when the whole interval clears the threshold (a "
+    "bootstrap 95 % interval from 8 values on; below, the full range of the values, whose coverage of the median is "
+    "1 - 2^(1-n): 75 % at n = 3, 88 % at n = 4, 97 % at n = 6), *inconclusive at n = ...* when it straddles one, else "
+    "*not reproduced at this scale*;",
+    "* **illustrations** — true by construction, a different quantity than the paper's, or the paper's quantity in "
+    "another setting: shown beside the paper's number, never given a verdict;",
+    "* **the course's own findings** — statements no paper measured: *holds*, *does not hold* or "
+    "*inconclusive at n = ...*.", "",
+    "The tally counts the three kinds apart. A later column's row with exactly the first column's numbers comes from "
+    "the same runs and is counted once. Every row gives its n (passages, seeds, prompts or timing repetitions) and, "
+    "from two values on, the interval its verdict was judged on. Written by `python -m course reproductions --from "
+    "outputs --from outputs-full` from executed notebooks, one column per folder; the papers are listed in full in "
+    "[references.md](references.md).", ""]
+
+
+def _columns_read(page: _Page) -> list[str]:
+    out = []
+    for name in page.names:
+        rows, runs, not_run = page.columns[name]
+        read = "; ".join(f"`{n}` ({p or 'default parameters'})" for n, p in runs.items())
+        skipped = "; ".join(f"`{n}` not run: {w}" if n not in runs else f"`{n}`: {w}" for n, w in not_run.items())
+        meaning = f" ({COLUMN_MEANING[name]})" if name in COLUMN_MEANING else ""
+        out += [f"**{name}**{meaning}: notebooks read: {read or 'none'}." + (f" {skipped}." if skipped else ""), ""]
+    return out
+
+
+def tally(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """``{kind: {verdict: count}}`` of a column's own rows: the reproductions by ``VERDICTS``, the findings by
+    holds / does not hold / inconclusive, the illustrations as one count."""
+    out = {}
+    for kind, verdicts in ((REPRODUCTION, VERDICTS), (FINDING, FINDING_VERDICTS), (ILLUSTRATION, ("shown",))):
+        mine = [r for r in rows if r["kind"] == kind]
+        out[kind] = ({"shown": len(mine)} if kind == ILLUSTRATION else
+                     {v: sum(verdict_class(r["verdict"]) == v for r in mine) for v in verdicts})
+    return out
+
+
+def _tallies(page: _Page) -> list[str]:
+    parts = []
+    for name in page.names:
+        t = tally(page.counted(name))
+        parts.append(f"{name}: {sum(t[REPRODUCTION].values())} reproductions — "
+                     + ", ".join(f"{n} {v}" for v, n in t[REPRODUCTION].items())
+                     + f"; {t[ILLUSTRATION]['shown']} illustrations; {sum(t[FINDING].values())} findings — "
+                     + ", ".join(f"{n} {v}" for v, n in t[FINDING].items()))
+    return ["Tally (each kind apart): " + "; ".join(parts) + ".", ""]
+
+
+def _disagreements(page: _Page) -> list[str]:
+    a, b = page.names[:2]
+    diff = []
+    for k in page.order:
+        if k[1] == REPRODUCTION and k in page.by[a] and k in page.by[b] and k not in page.repeated[b]:
+            va, vb = (page.by[n][k]["verdict"] for n in (a, b))
+            if verdict_class(va) != verdict_class(vb):
+                diff.append(f"* `{k[0]}`, {_cell(page.first[k]['source'])}, {_cell(k[3])}: {a} *{va}*, {b} *{vb}*.")
+    return [f"### Where {a} and {b} disagree", ""] + (diff or ["The verdicts agree wherever both columns have the "
+                                                                "row."]) + [""]
+
+
+def _rules_and_quoted(page: _Page) -> list[str]:
+    from course.papers import RESULTS
+
+    out = ["## The rules, fixed before the runs", "",
+           "Each rule's value, the exploratory figure it came from, why that size, the commit it was fixed in and "
+           "every change since: [thresholds.md](thresholds.md).", ""]
     seen = set()
-    for k in order:
-        r = first[k]
+    for k in page.order:
+        r = page.first[k]
         if r["rule"] and (r["notebook"], r["rule"]) not in seen:
             seen.add((r["notebook"], r["rule"]))
             out.append(f"* `{r['notebook']}`, {_cell(r['source'])}: {_cell(r['rule'])}")
-    rerun = {k[2] for k in order}
-    left = [res for key, res in RESULTS.items() if key not in rerun]
+    rerun = {k[2] for k in page.order}
     out += ["", "## Quoted, not re-run by these notebooks", "",
             "These published numbers are quoted (for the setting, or as background) but no executed notebook above "
             "recorded a row for them.", "", "| paper, table or figure | setting | numbers |", "|---|---|---|"]
-    for res in left:
+    for res in (res for key, res in RESULTS.items() if key not in rerun):
         nums = ", ".join(f"{k}: {v:g}" for k, v in res.values.items()) or "(no number)"
         out.append(f"| {_cell(res.source)} | {_cell(res.setting)} | {_cell(nums)} |")
-    return "\n".join(out) + "\n"
+    return out
+
+
+def render(columns: Columns) -> str:
+    """The page from ``{column name: (rows, runs, not_run)}`` (``read_rows`` and ``read_not_run`` of each folder)."""
+    page = _Page(columns)
+    names, first = page.names, page.first
+    out = INTRO + _columns_read(page) + _tallies(page) + ["## Reproductions (counted)", ""]
+    out += page.table(REPRODUCTION, ["notebook", "paper, table or figure", "quantity and setting", "paper"]
+                      + [h for name in names for h in (f"{name}: course", f"{name}: verdict")],
+                      lambda k: [k[0], first[k]["source"], first[k]["quantity"], first[k]["paper"]] + page.cells(k))
+    if len(names) > 1:
+        out += _disagreements(page)
+    out += ["## Illustrations (shown, not counted)", ""]
+    out += page.table(ILLUSTRATION, ["notebook", "paper, table or figure", "quantity shown here", "paper"]
+                      + [f"{name}: course" for name in names] + ["why it is not a reproduction"],
+                      lambda k: [k[0], first[k]["source"], first[k]["quantity"], first[k]["paper"]]
+                      + page.cells(k, False) + [first[k]["reason"]])
+    out += ["## The course's own findings (no paper)", ""]
+    out += page.table(FINDING, ["notebook", "statement"] + [h for name in names for h in (f"{name}: measured",
+                                                                                           f"{name}: verdict")],
+                      lambda k: [k[0], k[3]] + page.cells(k))
+    return "\n".join(out + _rules_and_quoted(page)) + "\n"
 
 
 def write_reproductions(executed, out: Path | str) -> dict:
@@ -219,6 +282,7 @@ def write_reproductions(executed, out: Path | str) -> dict:
         columns[name] = (rows, runs, read_not_run(folder))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(render(columns), encoding="utf-8")
-    counts = {name: {v: sum(r["kind"] == REPRODUCTION and verdict_class(r["verdict"]) == v for r in rows)
-                     for v in VERDICTS} for name, (rows, _, _) in columns.items()}
-    return {"out": str(out), "rows": sum(len(c[0]) for c in columns.values()), "columns": counts}
+    page = _Page(columns)
+    counts = {name: tally(page.counted(name))[REPRODUCTION] for name in columns}
+    return {"out": str(out), "rows": sum(len(c[0]) for c in columns.values()), "columns": counts,
+            "kinds": {name: tally(page.counted(name)) for name in columns}}

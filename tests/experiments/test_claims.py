@@ -114,3 +114,32 @@ def test_first_token_ablation_zeroes_the_value_and_hides_the_key(family):
         zeroed = value_norms(model, ids)
     assert torch.all(zeroed[:, 0] == 0)  # in every layer
     assert torch.allclose(zeroed[0, 1:], value_norms(model, ids)[0, 1:])  # the first layer: nothing else changed
+
+
+def test_every_interval_states_its_coverage_and_a_claim_is_judged_on_its_bound(capsys):
+    import random
+
+    from course.stats import bound, interval, range_coverage
+
+    assert [range_coverage(n) for n in (2, 3, 5)] == [0.5, 0.75, 0.9375]
+    assert "coverage 88%" in str(interval([1.0, 2.0, 3.0, 4.0])) and interval([1.0] * 9).coverage == 0.95
+    rng = random.Random(0)  # the range of 3 draws covers the median (0) about 3 times in 4
+    hits = sum(min(x) <= 0 <= max(x) for x in ([rng.gauss(0, 1) for _ in range(3)] for _ in range(4000)))
+    assert abs(hits / 4000 - 0.75) < 0.03
+    b = bound([1.0, 1.2, 1.5, 1.1], at_most=1.3)  # the median 1.15 is under 1.3, the interval's top is not
+    assert not b.held and b.bound == 1.5 and "rests on n = 4 < 5" in capsys.readouterr().out
+    assert bound([2.0, 2.5, 3.0, 2.2, 2.8], at_least=2).held and "rests on" not in capsys.readouterr().out
+    with pytest.raises(ValueError, match="exactly one of at_most= or at_least="):
+        bound([1.0, 2.0])
+
+
+def test_an_exploration_run_records_claims_instead_of_asserting(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    trained = SimpleNamespace(name="m", random_weights=False)
+    monkeypatch.setenv("COURSE_CLAIMS", "record")
+    assert claim(False, "a sink forms", trained, figure=0.42) is False
+    assert RECORDED[-1].figure == 0.42 and "exploration run" in capsys.readouterr().out
+    monkeypatch.setenv("COURSE_CLAIMS", "maybe")
+    with pytest.raises(ValueError, match="COURSE_CLAIMS must be 'assert' or 'record'"):
+        claim(True, "x", trained)

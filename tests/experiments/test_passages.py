@@ -14,7 +14,9 @@ from course.policies import make_policy
 def test_spread_summarises_and_refuses_anecdotes():
     s = spread([1.0, 2.0, 3.0, 10.0])
     assert (s.median, s.mean, s.low, s.high) == (2.5, 4.0, 1.0, 10.0)
-    assert s.ci is None and "95% CI" not in str(s) and "1, 2, 3, 10" in str(s) and "too few for an interval" in str(s)
+    assert s.ci is None and "95% CI" not in str(s) and "1, 2, 3, 10" in str(s)
+    assert "too few for a bootstrap interval" in str(s)
+    assert "probability 1 - 2^(1-n) = 88%" in str(s)  # the range of 4 values covers the median 7 times in 8
     s8 = spread([1.0, 2.0, 3.0, 10.0, 4.0, 5.0, 6.0, 7.0])  # from 8 values on: a bootstrap interval of the median
     assert s8.ci[0] <= s8.median <= s8.ci[1] and 1.0 <= s8.ci[0] and s8.ci[1] <= 10.0 and "95% CI" in str(s8)
     assert s.share(lambda v: v > 2) == 0.5

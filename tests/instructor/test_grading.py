@@ -235,15 +235,6 @@ WRONG: dict[str, list[tuple[Callable, str]]] = {
         (lambda scores, sink_logit: torch.softmax(scores, -1), "add exp(sink_logit) to the denominator"),
         (_softmax_keeping_sink_column, "drop the empty slot's column"),
     ],
-    "06.gated_output": [
-        (lambda y, x, layer: layer.out(_merged(y) * torch.sigmoid(layer.gate(_merged(y)))), "computed from the layer's input x"),
-        (lambda y, x, layer: layer.out(_merged(y)) * torch.sigmoid(layer.gate(x)), "before the output projection"),
-        (lambda y, x, layer: layer.out(_merged(y) * layer.gate(x)), "with a sigmoid"),
-        (lambda y, x, layer: layer.out(_merged(y)), "the gate is missing"),
-        (lambda y, x, layer: layer.out(y.reshape(y.shape[0], y.shape[2], -1) * torch.sigmoid(layer.gate(x))),
-         "merge the heads"),
-        (lambda y, x, layer: _merged(y) * torch.sigmoid(layer.gate(x)), "differs from the gated layer's"),
-    ],
     "07.cache_tokens": [
         (lambda *case: _cache_tokens(*case, snapkv=lambda b, p, g: min(p + g, b)), "compresses the prompt once"),
         (lambda *case: _cache_tokens(*case, streaming=lambda b, p, g: b), "cannot hold more tokens than it has seen"),
@@ -259,12 +250,6 @@ WRONG: dict[str, list[tuple[Callable, str]]] = {
         (_always_lowest, "higher_is_better says which way"),
     ],
 }
-
-
-def _merged(y):
-    """[B, H, T, d] -> [B, T, H * d]."""
-    b, h, t, d = y.shape
-    return y.transpose(1, 2).reshape(b, t, h * d)
 
 
 def test_every_exercise_has_wrong_versions():
