@@ -23,6 +23,7 @@ What a student's kernel imports
   ``course.attention_analysis``  where attention goes: sink mass, sink heads, residual and value norms, ablation
   ``course.train``               tiny models pretrained with and without a sink token or sink logit
   ``course.training``            its rooms: the tasks, the variants, the training loop, the measurements
+  ``course.splits``              exploration and confirmation data kept apart (text ranges, seeds, the record)
   ``course.passages``            results over many passages (spreads, intervals)
   ``course.stats``               intervals: the bootstrap and the range every verdict is judged on
   ``course.claims``              the scientific claims a notebook asserts, and their verdicts
