@@ -45,7 +45,7 @@ from course.stats import Interval, interval
 
 __all__ = ["ClaimFailed", "Claim", "claim", "report", "RECORDED", "Rule", "Reproduction", "reproduction",
            "illustration", "finding", "REPRODUCTIONS", "show_reproductions", "REPRODUCTION_MIME", "VERDICTS",
-           "KINDS", "REPRODUCTION", "ILLUSTRATION", "FINDING", "verdict_class"]
+           "KINDS", "REPRODUCTION", "ILLUSTRATION", "FINDING", "verdict_class", "recording", "provenance", "CLAIMS_ENV"]
 
 
 class ClaimFailed(AssertionError):
@@ -54,30 +54,48 @@ class ClaimFailed(AssertionError):
 
 @dataclass(frozen=True)
 class Claim:
-    """A claim checked on an untrained model: what it says and whether it held."""
+    """A claim checked, not asserted (random weights, or an exploration run): what it says, whether it held,
+    and the figure it was judged on, where the notebook gives one."""
 
     statement: str
     held: bool
     model: str
+    figure: float | None = None
 
 
 RECORDED: list[Claim] = []
+CLAIMS_ENV = "COURSE_CLAIMS"  # "record": claims are recorded, not asserted (an exploration run)
 
 
-def claim(holds: bool, statement: str, model) -> bool:
-    """Assert ``statement`` (``holds`` says whether it is true) about ``model`` (a course model or its config).
+def recording() -> bool:
+    """Whether claims are recorded instead of asserted: ``COURSE_CLAIMS=record`` (``python -m course explore``
+    sets it; anything else but unset or "assert" is refused)."""
+    import os
 
-    Trained weights: raises ``ClaimFailed`` when it does not hold. Random weights: prints whether it held,
-    records it in ``RECORDED`` and returns. Returns ``holds``."""
+    value = os.environ.get(CLAIMS_ENV, "").strip() or "assert"
+    if value not in ("assert", "record"):
+        raise ValueError(f"{CLAIMS_ENV} must be 'assert' or 'record' (or unset: assert), got {value!r}")
+    return value == "record"
+
+
+def claim(holds: bool, statement: str, model, figure: float | None = None) -> bool:
+    """Assert ``statement`` (``holds`` says whether it is true) about ``model`` (a course model or its config);
+    ``figure``: the number the statement was judged on (recorded by an exploration run).
+
+    Trained weights: raises ``ClaimFailed`` when it does not hold. Random weights, or ``COURSE_CLAIMS=record``:
+    prints whether it held, records it in ``RECORDED`` and returns. Returns ``holds``."""
     config = getattr(model, "config", model)
     holds = bool(holds)
-    if not getattr(config, "random_weights", False):
+    random_weights = getattr(config, "random_weights", False)
+    if not random_weights and not recording():
         if not holds:
             raise ClaimFailed(f"{config.name}: {statement}")
         return holds
-    RECORDED.append(Claim(statement, holds, config.name))
+    RECORDED.append(Claim(statement, holds, config.name, None if figure is None else float(figure)))
     verdict = "holds" if holds else "does not hold"
-    print(f"[{config.name} has random weights: claim recorded, not asserted] {statement} -- {verdict}")
+    why = "has random weights" if random_weights else "in an exploration run"
+    shown = "" if figure is None else f" (figure {float(figure):.4g})"
+    print(f"[{config.name} {why}: claim recorded, not asserted] {statement} -- {verdict}{shown}")
     return holds
 
 
@@ -265,6 +283,15 @@ def finding(notebook: str, statement: str, measured, rule: Rule, model, scale: s
     return row
 
 
+def provenance(notebook: str, rows: list[Reproduction]) -> dict:
+    """What a notebook stores with its rows: the rows, the split it ran on, every draw of data it made
+    (``course.splits.DRAWN``) and the claims it recorded instead of asserting."""
+    from course.splits import current_split, drawn
+
+    return {"notebook": notebook, "rows": [asdict(r) for r in rows], "split": current_split(),
+            "claims_recorded": recording(), "drawn": drawn(), "claims": [asdict(c) for c in RECORDED]}
+
+
 def show_reproductions(notebook: str) -> list[Reproduction]:
     """Print this notebook's rows, the three kinds apart, and put them, machine-readable, in the cell's output.
     Returns them."""
@@ -302,8 +329,7 @@ def show_reproductions(notebook: str) -> list[Reproduction]:
     if get_ipython() is None:
         print(text)
     else:
-        display({"text/plain": text, REPRODUCTION_MIME: {"notebook": notebook, "rows": [asdict(r) for r in rows]}},
-                raw=True)
+        display({"text/plain": text, REPRODUCTION_MIME: provenance(notebook, rows)}, raw=True)
     return rows
 
 

@@ -10,8 +10,10 @@ import torch
 from torch import Tensor
 
 from course.assets import AUSTEN_BOOKS, require
+from course.splits import check_split, record_text, split_range
 
-__all__ = ["load_text", "tokenize", "tokenize_file", "tokenize_pieces", "read_text_file", "check_text_file", "CORPORA"]
+__all__ = ["load_text", "load_split_text", "tokenize", "tokenize_file", "tokenize_pieces", "read_text_file",
+           "check_text_file", "CORPORA"]
 
 CORPORA = ("austen", "pg19", "wikitext")
 
@@ -44,6 +46,18 @@ def load_text(source: str | Path, book: str | None = None) -> str:
     raise ValueError(
         f"unknown text source {source!r}: give 'austen', 'pg19', 'wikitext' or the path of an existing text file"
     )
+
+
+def load_split_text(book: str, split: str | None = None, record: bool = True) -> tuple[str, int]:
+    """The characters of Austen's ``book`` that ``split`` may read (``course.splits.split_range``: confirmation the
+    opening and most of the novel, exploration its last fifth) and the offset of the first of them in the novel.
+    ``record``: write the whole range down as drawn (``course.splits.DRAWN``)."""
+    split = check_split(split)
+    text = load_text("austen", book)
+    start, end = split_range(len(text), split)
+    if record:
+        record_text(f"austen/{book}", start, end, split)
+    return text[start:end], start
 
 
 def check_text_file(path: str | Path, label: str = "text file") -> Path:

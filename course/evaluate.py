@@ -6,8 +6,8 @@ Austen, and the prompt ends by asking for it, phrased so that the answer continu
     ... filler ... The secret passkey is 48213. Remember it: the passkey is 48213. ... filler ...
     What is the secret passkey? The secret passkey is| 48213
 
-A 135M-parameter model answers this reliably with its full cache (measured: 100 % up to 1000
-tokens), so a failure under a policy is the policy's fault. The protocol is prompt compression,
+A 135M-parameter model answers this with its full cache most of the time (it misses one key now and
+then), so the notebooks check that the full cache solves a task before they blame a policy. The protocol is prompt compression,
 as in SnapKV and kvpress, and it is the same code for every policy (``course.compression``): the
 prompt (but its last token) runs with full causal attention, whatever the policy, the cache is
 compressed to the budget, and then the last prompt token and the answer are decoded one token at a
@@ -29,10 +29,11 @@ import torch
 from torch import Tensor
 
 from course.compression import compress_prompts
-from course.data import load_text
+from course.data import load_split_text
 from course.models.base import CausalLM
 from course.policies import Policy, make_policy
 from course.progress import progress_bar
+from course.splits import split_seed
 
 __all__ = [
     "NeedleTrial", "make_needle_trials", "score_needle", "needle_eval", "compare_needles", "budget_sweep",
@@ -57,19 +58,21 @@ class NeedleTrial:
 
 def make_needle_trials(
     tokenizer, n_trials: int, context_tokens: int = 500, depth: float = 0.5, seed: int = 0,
-    book: str = "emma", model: CausalLM | None = None,
+    book: str = "emma", model: CausalLM | None = None, split: str | None = None,
 ) -> list[NeedleTrial]:
     """``n_trials`` passkey prompts: ~``context_tokens`` of filler with the needle at ``depth`` (0..1).
 
-    With ``model``, prompts that would not fit its positions (prompt + answer) are refused before any work."""
+    The filler comes from ``split``'s characters of ``book`` and the keys and places from ``split``'s seed
+    (``course.splits``; None: ``COURSE_SPLIT``, confirmation by default). With ``model``, prompts that would not
+    fit its positions (prompt + answer) are refused before any work."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be between 0 and 1, got {depth}")
     if n_trials < 1 or context_tokens < 16:
         raise ValueError(f"n_trials must be >= 1 and context_tokens >= 16, got {n_trials}, {context_tokens}")
     if model is not None:  # the needle, the question and the answer add about NEEDLE_OVERHEAD tokens
         model.config.check_tokens(context_tokens + NEEDLE_OVERHEAD, f"a passkey prompt of {context_tokens} filler tokens")
-    rng = random.Random(seed)
-    filler = tokenizer(load_text("austen", book), add_special_tokens=False).input_ids
+    rng = random.Random(split_seed(seed, split))
+    filler = tokenizer(load_split_text(book, split)[0], add_special_tokens=False).input_ids
     if len(filler) < context_tokens + 10:
         raise ValueError(f"the filler text has only {len(filler)} tokens, fewer than context_tokens={context_tokens}")
     trials = []

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from course.model_names import DEVICE_PATTERN, SEED_MAX
+from course.splits import split_seed
 
 __all__ = ["configure", "configure_parameters", "Parameters", "as_bool", "as_fast", "as_model", "as_seed", "as_device"]
 
@@ -110,7 +111,7 @@ def configure_parameters(fast: object, model: object, seed: object = 0, device: 
         autofill=as_bool("AUTOFILL", autofill),
         seed=as_seed("SEED", seed),
     )
-    torch.manual_seed(params.seed)
+    torch.manual_seed(split_seed(params.seed))  # the split's stream (course.splits): exploration never shares it
     use_threads()
     use_course_style()
     print(f"FAST={params.fast}{' (auto)' if str(fast).strip().lower() == 'auto' else ''}  "

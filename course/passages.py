@@ -6,8 +6,13 @@
 
 Passages are drawn reproducibly (a seed) from all six Austen novels: first the openings of some novels
 (half the passages by default), then passages that begin at a paragraph start at random places inside
-the novels, taken in turn. Every
-passage has the same number of tokens, so a policy streams all of them in one batch.
+the novels, taken in turn. Every passage has the same number of tokens, so a policy streams all of them in
+one batch.
+
+Exploration and confirmation apart (``course.splits``): a passage lies wholly inside its split's characters of
+the novel. The confirmation split (the default, ``COURSE_SPLIT``) holds the openings and the first four fifths
+of every novel; the exploration split, on which thresholds are chosen, the last fifth, where its "openings" are
+the first paragraph starts. Every passage drawn is written down (``course.splits.DRAWN``).
 """
 
 from __future__ import annotations
@@ -22,28 +27,34 @@ import torch
 from torch import Tensor
 
 from course.assets import AUSTEN_BOOKS
-from course.data import load_text
+from course.data import load_split_text
 from course.models.base import CausalLM
 from course.policies import Policy
 from course.stats import MIN_FOR_INTERVAL, bootstrap_interval
+from course.splits import SPLITS, check_split, record_text, split_seed
 from course.streaming import evaluate_stream
 
-__all__ = ["MIN_FOR_INTERVAL", "Passage", "Spread", "passage_batch", "sample_passages", "spread", "stream_passages"]
+__all__ = ["MIN_FOR_INTERVAL", "SPLITS", "Passage", "Spread", "passage_batch", "sample_passages", "split_seed",
+           "spread", "stream_passages"]
 
 CHARS_PER_TOKEN = 8  # generous: English prose takes about 4 characters per token in these tokenizers
 
 
 @dataclass(frozen=True)
 class Passage:
-    """``tokens`` ids [1, T] from ``book``, starting at character ``offset`` (0: the novel's opening)."""
+    """``ids`` [1, T] from ``book``, starting at character ``offset``, drawn from ``split``; ``opening``: the first
+    passage of the split's share of the novel (in confirmation, the novel's opening)."""
 
     book: str
     offset: int
     ids: Tensor
+    split: str = "confirmation"
+    opening: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.book.replace('_', ' ')}, {'opening' if self.offset == 0 else f'from character {self.offset:,}'}"
+        where = "opening" if self.offset == 0 else f"from character {self.offset:,}"
+        return f"{self.book.replace('_', ' ')}, {where}" + ("" if self.split == "confirmation" else f" ({self.split})")
 
 
 @dataclass(frozen=True)
@@ -80,35 +91,55 @@ def spread(values, seed: int = 0, resamples: int = 2000) -> Spread:
     return Spread(values, statistics.fmean(values), statistics.median(values), min(values), max(values), ci)
 
 
-def sample_passages(tokenizer, n: int, tokens: int, seed: int = 0, openings: int | None = None) -> list[Passage]:
-    """``n`` passages of ``tokens`` tokens: ``openings`` novels' openings first (default: half the passages,
-    at most the six), then passages from random paragraph starts, one novel after another. The same seed
-    gives the same passages."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"n must be an integer >= 2 (one passage is an anecdote), got {n!r}")
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
-        raise ValueError(f"tokens must be an integer >= 2, got {tokens!r}")
-    rng = random.Random(seed)
-    books = list(AUSTEN_BOOKS.values())
-    texts = {b: load_text("austen", b) for b in books}
-    n_open = min(len(books), n // 2 if openings is None else openings, n)
+def _from_first_paragraph(text: str, start: int) -> tuple[str, int]:
+    """``text`` (which begins at character ``start`` of its novel) from its first paragraph start on."""
+    at = re.search(r"\n\n(?=[^\n])", text).end()
+    return text[at:], start + at
+
+
+def _starts(texts: dict[str, str], n: int, n_open: int, tokens: int, rng: random.Random) -> list[tuple[str, int]]:
+    """Where the passages begin (book, character in the split's text): the first ``n_open`` books' first
+    characters, then random paragraph starts, one book after another."""
+    books = list(texts)
     starts: list[tuple[str, int]] = [(b, 0) for b in books][:n_open]
     paragraphs = {b: [m.end() for m in re.finditer(r"\n\n(?=[^\n])", t)] for b, t in texts.items()}
     turn = 0
     while len(starts) < n:
         book = books[turn % len(books)]
-        usable = [p for p in paragraphs[book] if p < len(texts[book]) - CHARS_PER_TOKEN * tokens]
+        usable = [p for p in paragraphs[book] if 0 < p < len(texts[book]) - CHARS_PER_TOKEN * tokens]
         offset = rng.choice(usable)
         if (book, offset) not in starts:
             starts.append((book, offset))
         turn += 1
+    return starts
+
+
+def sample_passages(tokenizer, n: int, tokens: int, seed: int = 0, openings: int | None = None,
+                    split: str | None = None) -> list[Passage]:
+    """``n`` passages of ``tokens`` tokens from ``split`` ("exploration" or "confirmation"; None: ``COURSE_SPLIT``,
+    confirmation by default): ``openings`` novels' openings first (default: half the passages, at most the six),
+    then passages from random paragraph starts, one novel after another. The same seed and split give the same
+    passages; the two splits' passages never share a character (``course.splits``)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"n must be an integer >= 2 (one passage is an anecdote), got {n!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
+        raise ValueError(f"tokens must be an integer >= 2, got {tokens!r}")
+    split = check_split(split)
+    rng = random.Random(split_seed(seed, split))
+    shares = {b: load_split_text(b, split, record=False) for b in AUSTEN_BOOKS.values()}
+    if split == "exploration":  # its "openings": the first paragraph start of the share
+        shares = {b: _from_first_paragraph(t, start) for b, (t, start) in shares.items()}
+    texts = {b: t for b, (t, _) in shares.items()}
+    n_open = min(len(texts), n // 2 if openings is None else openings, n)
     out = []
-    for book, offset in starts:
-        piece = texts[book][offset : offset + CHARS_PER_TOKEN * tokens]
+    for book, at in _starts(texts, n, n_open, tokens, rng):
+        piece = texts[book][at : at + CHARS_PER_TOKEN * tokens]
         ids = tokenizer(piece, return_tensors="pt", add_special_tokens=False).input_ids
+        offset = shares[book][1] + at
         if ids.shape[1] < tokens:
             raise ValueError(f"a passage of {book} at {offset} has only {ids.shape[1]} tokens, fewer than {tokens}")
-        out.append(Passage(book, offset, ids[:, :tokens]))
+        record_text(f"austen/{book}", offset, offset + len(piece), split)
+        out.append(Passage(book, offset, ids[:, :tokens], split, at == 0))
     return out
 
 

@@ -5,7 +5,7 @@
 * ``experiments``: stream, needle, generate, chat
 * ``train``: train
 * ``bench``: bench (its --notebooks, --grading and --transformers-cache runs use the instructor's tools)
-* ``instructor``: host, release, grade, gradebook, check-outputs, reproductions, site
+* ``instructor``: host, release, grade, gradebook, check-outputs, reproductions, explore, site
 * ``args``: what they share (``Command``, argparse types, the model and policy arguments)
 """
 

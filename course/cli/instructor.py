@@ -1,5 +1,5 @@
 """The instructor's commands: ``host``, ``release``, ``grade``, ``gradebook``, ``check-outputs``,
-``reproductions`` and ``site`` (they need the ``instructor`` extra)."""
+``reproductions``, ``explore`` and ``site`` (they need the ``instructor`` extra)."""
 
 from __future__ import annotations
 
@@ -315,6 +315,29 @@ def _reproductions(args: argparse.Namespace) -> dict:
     return result
 
 
+# ----------------------------------------------------------------------------- exploration
+def _explore_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("notebooks", nargs="*", help="notebooks to explore (default: notebooks/02_* to 06_*)")
+    p.add_argument("--executed", default="outputs-exploration",
+                   help="folder for the executed exploration copies (default: outputs-exploration)")
+    p.add_argument("--out", default=None, help="folder for the figures (default: docs/exploration)")
+    p.add_argument("--json", action="store_true")
+
+
+def _explore(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from course.instructor.exploration import EXPLORATION_DIR, explore
+
+    paths = [Path(n) for n in args.notebooks] or sorted(Path("notebooks").glob("0[2-6]_*.ipynb"))
+    records = explore(paths, Path(args.executed), Path(args.out) if args.out else EXPLORATION_DIR)
+    if not args.json:
+        for r in records:
+            print(f"{r['notebook']}: {len(r['rows'])} rows, {len(r['claims'])} claims on the exploration split "
+                  f"({r['seconds']} s, {r['commit']})")
+    return {"notebooks": [r["notebook"] for r in records]}
+
+
 COMMANDS = [
     Command("host", "where the course lives: the Colab cells and README links follow pyproject.toml", _host_args,
             _host),
@@ -327,6 +350,8 @@ COMMANDS = [
             _check_outputs_args, _check_outputs),
     Command("reproductions", "the reproduction table (paper vs course, verdicts) from executed notebooks",
             _reproductions_args, _reproductions),
+    Command("explore", "run notebooks on the exploration split, claims recorded; their figures -> docs/exploration",
+            _explore_args, _explore),
     Command("site", "build the course site (HTML pages of the executed notebooks, index, benchmarks)", _site_args,
             _site),
 ]

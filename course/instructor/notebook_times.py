@@ -39,12 +39,14 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def execute_notebook(path: Path, out: Path, fast: bool, timeout: int | None = None) -> float:
+def execute_notebook(path: Path, out: Path, fast: bool, timeout: int | None = None,
+                     env: dict[str, str] | None = None) -> float:
     """Execute one notebook with papermill into ``out`` (run from the notebook's folder, plain-text
-    progress; ``FAST`` and ``COURSE_FAST`` set when ``fast``). Returns the wall time in seconds."""
+    progress; ``FAST`` and ``COURSE_FAST`` set when ``fast``; ``env``: more variables for its kernel, e.g.
+    ``COURSE_SPLIT``). Returns the wall time in seconds."""
     import papermill
 
-    env = {"COURSE_PROGRESS": "text", "COURSE_FAST": "1" if fast else "0"}
+    env = {"COURSE_PROGRESS": "text", "COURSE_FAST": "1" if fast else "0", **(env or {})}
     params = {"FAST": fast}  # explicit both ways: a notebook's default, "auto", is small on a CPU
     start = time.perf_counter()
     with _environment(**env):

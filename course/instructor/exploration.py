@@ -1,0 +1,112 @@
+"""The exploration run: ``python -m course explore [NOTEBOOK ...]``.
+
+A threshold is chosen on data the asserting run never reads (``course.splits``). This command executes the
+notebooks (FAST) on the exploration split (``COURSE_SPLIT=exploration``) with claims recorded instead of asserted
+(``COURSE_CLAIMS=record``), and writes, per notebook, ``docs/exploration/<notebook>.json``: the date, the commit,
+every row's measured figure with its interval and n, and every claim's statement, whether it held and its figure.
+``docs/thresholds.md`` quotes these figures beside each threshold, and ``tests/test_thresholds.py`` checks the
+quotes against the files. The run refuses to write a file for a notebook that drew a confirmation passage or seed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+from course.claims import REPRODUCTION_MIME
+
+__all__ = ["read_provenance", "explore_notebook", "explore", "figure_text", "entries", "EXPLORATION_DIR"]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPLORATION_DIR = ROOT / "docs" / "exploration"
+ENV = {"COURSE_SPLIT": "exploration", "COURSE_CLAIMS": "record"}
+
+
+def read_provenance(executed: Path | str) -> dict | None:
+    """What an executed notebook stored with its rows (``course.claims.provenance``): rows, split, draws and
+    recorded claims; None when it stored none (an older run, or a notebook without rows)."""
+    nb = json.loads(Path(executed).read_text(encoding="utf-8"))
+    found = None
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            data = out.get("data", {}).get(REPRODUCTION_MIME)
+            if data:
+                found = data
+    return found
+
+
+def _commit() -> str:
+    """The commit the notebooks ran at (short hash, "+changes" when the work tree differs from it)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "course", "notebooks")
+    return git("rev-parse", "--short=7", "HEAD") + ("+changes" if dirty else "")
+
+
+def figure_text(entry: dict) -> str:
+    """How the ledger quotes an exploration entry: a row's figure with its interval and n, or a claim's
+    figure (or whether it held, when the notebook gives no figure)."""
+    if entry["type"] == "claim":
+        held = "held" if entry["held"] else "did not hold"
+        return held if entry.get("figure") is None else f"{entry['figure']:.3g} ({held})"
+    if entry.get("low") is None:
+        return f"{'yes' if entry['measured'] else 'no'}, n = {entry['n']}"
+    if entry["n"] > 1:
+        return f"{entry['measured']:.3g} [{entry['low']:.3g} to {entry['high']:.3g}], n = {entry['n']}"
+    return f"{entry['measured']:.3g}, n = 1"
+
+
+def entries(record: dict) -> list[dict]:
+    """The entries of a notebook's exploration file: its rows (with their rule), then its claims; each with the
+    text a ledger anchor is matched against (``text``)."""
+    rows = [{"type": "row", "text": f"{r['quantity']} {r['rule']}", **{k: r[k] for k in
+                                                                       ("measured", "low", "high", "n")}}
+            for r in record["rows"]]
+    claims = [{"type": "claim", "text": c["statement"], "held": c["held"], "figure": c.get("figure")}
+              for c in record["claims"]]
+    return rows + claims
+
+
+def anchor_pattern(anchor: str) -> re.Pattern:
+    """A ledger anchor as a pattern over printed statements: quotes dropped, ``{...}`` fields match anything."""
+    text = " ".join(anchor.split()).strip('"')
+    parts = re.split(r"\{[^}]*\}", text)
+    return re.compile(".*?".join(re.escape(p) for p in parts))
+
+
+def explore_notebook(path: Path, executed_dir: Path, out_dir: Path, timeout: int | None = None) -> dict:
+    """Execute ``path`` on the exploration split into ``executed_dir`` and write ``out_dir/<stem>.json``."""
+    from course.instructor.notebook_times import execute_notebook
+
+    executed = executed_dir / path.name
+    seconds = execute_notebook(path, executed, fast=True, timeout=timeout, env=ENV)
+    stored = read_provenance(executed)
+    if stored is None:
+        raise ValueError(f"{path.name}: the executed notebook stored no rows (does it end with show_reproductions?)")
+    wrong = [d for d in stored["drawn"] if d["split"] != "exploration"]
+    if stored["split"] != "exploration" or wrong:
+        raise ValueError(f"{path.name}: the exploration run drew confirmation data: {wrong[:3]}")
+    record = {"notebook": path.stem, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": _commit(),
+              "split": "exploration", "fast": True, "seconds": round(seconds),
+              "rows": [{k: r.get(k) for k in ("kind", "quantity", "rule", "measured", "low", "high", "n", "interval",
+                                              "verdict", "model", "scale")} for r in stored["rows"]],
+              "claims": [{k: c.get(k) for k in ("statement", "held", "figure")} for c in stored["claims"]],
+              "draws": len(stored["drawn"])}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{path.stem}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return record
+
+
+def explore(notebooks: list[Path], executed_dir: Path, out_dir: Path = EXPLORATION_DIR,
+            timeout: int | None = None) -> list[dict]:
+    """``explore_notebook`` for each notebook, one after the other."""
+    if not notebooks:
+        raise ValueError("notebooks must name at least one notebook (e.g. notebooks/02_attention_sinks.ipynb)")
+    missing = [str(p) for p in notebooks if not Path(p).is_file()]
+    if missing:
+        raise ValueError(f"no such notebook: {', '.join(missing)}")
+    return [explore_notebook(Path(p), Path(executed_dir), Path(out_dir), timeout) for p in notebooks]
