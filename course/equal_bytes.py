@@ -2,7 +2,7 @@
 
 A quantized store's size is not its asymptotic cost per token (b-bit codes plus scales): at a prompt's length it
 also holds its full-precision residual, the key group not yet full and any exact sinks, each number at 16 bits.
-``prompt_store_fraction`` measures it as held, after the prompt is compressed. An eviction policy's bytes are its
+``prompt_store_fraction`` measures it as held once the prompt is in the store. An eviction policy's bytes are its
 slots, so ``slots_for`` gives it the smallest whole number of slots that holds at least those bytes: the comparison
 is then at equal bytes to within one slot, the rounding in eviction's favour.
 
@@ -41,15 +41,18 @@ def slots_for(fraction: float, tokens: int) -> int:
 @torch.inference_mode()
 def prompt_store_fraction(model: CausalLM, trials: Sequence[NeedleTrial],
                           policy_for: Callable[[NeedleTrial], Policy]) -> list[float]:
-    """Per trial, the bytes the store holds right after its prompt is compressed (the prompt but its last token, as
-    ``course.evaluate.compare_after_compression`` compresses it), counted as a packed store at 16 bits holds them
-    (``KVCache.bytes_at``), as a fraction of the full cache of the same tokens."""
+    """Per trial, the bytes the store holds once the whole prompt is in it, as the answer's first token is
+    predicted (the protocol of ``course.evaluate.compare_after_compression``: the prompt but its last token
+    compressed, then the last token fed, at which a quantized store rounds the key groups that left its residual),
+    counted as a packed store at 16 bits holds them (``KVCache.bytes_at``), as a fraction of the full cache of the
+    prompt's tokens."""
     if not trials:
         raise ValueError("trials is empty: make some with course.evaluate.make_needle_trials")
     out = []
     for trial in trials:
-        prompt = trial.prompt[:, :-1]
-        (cache,), _ = compress_prompts(model, prompt, [policy_for(trial)], logits_to_keep=1)
+        prompt = trial.prompt.to(model.device)
+        (cache,), _ = compress_prompts(model, prompt[:, :-1], [policy_for(trial)], logits_to_keep=1)
+        model(prompt[:, -1:], cache=cache)
         full = model.config.cache_bytes_per_token(DEPLOYED_BYTES) * prompt.shape[1] * prompt.shape[0]
         out.append(cache.bytes_at(DEPLOYED_BYTES) / full)
     return out

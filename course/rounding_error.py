@@ -7,7 +7,8 @@ key changes it by
     delta_ij = q_i . R(j) (k'_j - k_j) / sqrt(d)      (R(j): the rotary embedding at key j's position, if any),
 
 and the weight of key j in query i's row changes by a factor of about exp(delta_ij) against the others. The course
-reports, per key token, the mean |delta_ij| over the queries that see it (i >= j).
+reports, per key token, the mean |delta_ij| over the queries that see it (i >= j), and the mean change of its
+attention weight, |w'_ij - w_ij|, which also counts how much weight the key carries.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from course.models.base import CausalLM
 from course.quantize import fake_quantize
 from course.rope import rope
 
-__all__ = ["queries", "logit_error_by_token"]
+__all__ = ["queries", "logit_error_by_token", "weight_change_by_token"]
 
 
 def _query_module(block) -> tuple[torch.nn.Module, int | None]:
@@ -59,6 +60,36 @@ def queries(model: CausalLM, ids: Tensor) -> list[Tensor]:
     return out
 
 
+def _check_shapes(q: Tensor, keys: Tensor) -> None:
+    h, t, d = q.shape
+    if h % keys.shape[0] or keys.shape[1:] != (t, d):
+        raise ValueError(f"q [H, T, d] and keys [H_kv, T, d] must share T and d with H a multiple of H_kv; got "
+                         f"{list(q.shape)} and {list(keys.shape)}")
+
+
+def _rounded(keys: Tensor, bits: int, group: int) -> Tensor:
+    """KIVI's per-channel rounding of keys [H_kv, T, d] over consecutive groups of ``group`` tokens (float32)."""
+    k = keys.float()
+    return torch.cat([fake_quantize(k[:, s : s + group], bits, dim=1) for s in range(0, k.shape[1], group)], dim=1)
+
+
+def _as_attended(keys: Tensor, theta: float | None, heads: int) -> Tensor:
+    """keys [H_kv, T, d] as the queries meet them: rotated at their positions (``theta``, else as they are) and
+    repeated for each query head of a KV head: [H, T, d]."""
+    if theta is not None:
+        keys = rope(keys[None], torch.arange(keys.shape[1])[None], theta)[0]
+    return keys.repeat_interleave(heads // keys.shape[0], dim=0)
+
+
+def _per_key(change: Tensor, h_kv: int) -> Tensor:
+    """Mean over the queries i >= j that see key j of change [H, T queries, T keys], then over each KV head's
+    query heads: [H_kv, T]."""
+    h, t, _ = change.shape
+    seen = torch.ones(t, t).tril()  # query i sees keys j <= i
+    per_key = (change * seen).sum(dim=1) / seen.sum(dim=0)  # [H, T]
+    return per_key.view(h_kv, h // h_kv, t).mean(dim=1)
+
+
 def logit_error_by_token(q: Tensor, keys: Tensor, bits: int, group: int, theta: float | None) -> Tensor:
     """Mean |q_i . R(j) (k'_j - k_j)| / sqrt(d) over the queries i >= j that see key j, where k' is KIVI's
     per-channel rounding of ``keys`` over consecutive groups of ``group`` tokens.
@@ -67,18 +98,21 @@ def logit_error_by_token(q: Tensor, keys: Tensor, bits: int, group: int, theta: 
     when ``theta`` is given: the error is rotated to its key's position; already as attended when ``theta`` is
     None). H must be a multiple of H_kv (grouped-query attention). Returns [H_kv, T]: the mean over the query
     heads of each KV head."""
+    _check_shapes(q, keys)
+    delta = _as_attended(_rounded(keys, bits, group) - keys.float(), theta, q.shape[0])  # [H, T, d]
+    return _per_key((q.float() @ delta.transpose(1, 2)).abs() / q.shape[-1] ** 0.5, keys.shape[0])
+
+
+def weight_change_by_token(q: Tensor, keys: Tensor, bits: int, group: int, theta: float | None) -> Tensor:
+    """Mean |w'_ij - w_ij| over the queries i >= j that see key j: how much attention weight key j gains or loses
+    when every key is rounded as in ``logit_error_by_token`` (w: the causal softmax of q . k / sqrt(d), no
+    sink logit). Same arguments and shapes; returns [H_kv, T]."""
+    _check_shapes(q, keys)
     h, t, d = q.shape
-    h_kv = keys.shape[0]
-    if h % h_kv or keys.shape[1:] != (t, d):
-        raise ValueError(f"q [H, T, d] and keys [H_kv, T, d] must share T and d with H a multiple of H_kv; got "
-                         f"{list(q.shape)} and {list(keys.shape)}")
-    k = keys.float()
-    rounded = torch.cat([fake_quantize(k[:, s : s + group], bits, dim=1) for s in range(0, t, group)], dim=1)
-    delta = rounded - k  # [H_kv, T, d]
-    if theta is not None:
-        delta = rope(delta[None], torch.arange(t)[None], theta)[0]
-    delta = delta.repeat_interleave(h // h_kv, dim=0)  # [H, T, d]: each query head's KV head
-    logits = q.float() @ delta.transpose(1, 2) / d**0.5  # [H, T (queries), T (keys)]
-    seen = torch.ones(t, t).tril()  # query i sees keys j <= i
-    per_key = (logits.abs() * seen).sum(dim=1) / seen.sum(dim=0)  # [H, T]
-    return per_key.view(h_kv, h // h_kv, t).mean(dim=1)
+    future = torch.ones(t, t).triu(1).bool()
+
+    def weights(k: Tensor) -> Tensor:
+        logits = q.float() @ _as_attended(k, theta, h).transpose(1, 2) / d**0.5
+        return torch.softmax(logits.masked_fill(future, -torch.inf), dim=-1)  # [H, T, T]
+
+    return _per_key((weights(_rounded(keys, bits, group)) - weights(keys.float())).abs(), keys.shape[0])

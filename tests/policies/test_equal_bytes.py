@@ -15,7 +15,7 @@ from course.exercises.fixtures import tiny_model
 from course.policies import make_policy
 from course.quantize import KIVI, fake_quantize
 from course.rope import rope
-from course.rounding_error import logit_error_by_token, queries
+from course.rounding_error import logit_error_by_token, queries, weight_change_by_token
 
 
 def test_slots_for_gives_eviction_at_least_the_bytes_and_never_a_whole_slot_more():
@@ -43,7 +43,7 @@ def _trials(model, n: int, tokens: int) -> list[NeedleTrial]:
 
 
 def test_a_quantized_store_after_a_prompt_holds_more_than_its_long_run_cost():
-    model = tiny_model("llama", dtype=torch.float32)
+    model = tiny_model("llama")
     c = model.config
     trials = _trials(model, 2, 100)
     store = KIVI(bits=2, group=8, residual=8, exact_sinks=4)
@@ -52,7 +52,7 @@ def test_a_quantized_store_after_a_prompt_holds_more_than_its_long_run_cost():
     assert all(long_run < h < 1 for h in held)
     # an eviction policy holds exactly its slots
     evicted = prompt_store_fraction(model, trials, lambda t: make_policy("streaming", 33, model=model))
-    assert all(math.isclose(f, 33 / 99) for f in evicted)
+    assert all(math.isclose(f, 33 / 100) for f in evicted)
 
 
 def test_the_logit_error_is_the_change_of_the_attention_logits():
@@ -74,7 +74,7 @@ def test_the_logit_error_is_the_change_of_the_attention_logits():
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_queries_are_the_ones_attention_uses(family):
-    model = tiny_model(family, dtype=torch.float32)
+    model = tiny_model(family)
     c = model.config
     ids = torch.randint(0, c.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
     qs = queries(model, ids)
@@ -82,4 +82,17 @@ def test_queries_are_the_ones_attention_uses(family):
     if family == "llama":  # the first layer's queries from its own projection, rotated
         x = model.blocks[0].norm1(model.embed(ids, torch.arange(9)[None], 9))
         q = model.blocks[0].attn.q(x).view(1, 9, c.n_head, c.head_dim).transpose(1, 2)
-        assert torch.allclose(qs[0], rope(q, torch.arange(9)[None], c.rope_theta)[0], atol=1e-5)
+        assert torch.allclose(qs[0], rope(q, torch.arange(9)[None], c.rope_theta)[0].float(), atol=1e-5)
+
+
+def test_the_weight_change_is_the_change_of_the_causal_attention_weights():
+    torch.manual_seed(1)
+    h, h_kv, t, d = 2, 1, 10, 8
+    q, keys = torch.randn(h, t, d), torch.randn(h_kv, t, d) * 3
+    got = weight_change_by_token(q, keys, bits=2, group=5, theta=None)  # keys as attended
+    rounded = torch.cat([fake_quantize(keys[:, s : s + 5], 2, dim=1) for s in range(0, t, 5)], dim=1)
+    future = torch.ones(t, t).triu(1).bool()
+    w = [torch.softmax((q @ k.expand(h, t, d).transpose(1, 2) / d**0.5).masked_fill(future, -torch.inf), -1)
+         for k in (keys, rounded)]
+    for j in (0, 4, 9):
+        assert torch.allclose(got[0, j], (w[1] - w[0]).abs()[:, j:, j].mean(), atol=1e-6)
