@@ -29,7 +29,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from course.policies import Policy, PositionRule, _check_int, _check_rule, group_mean, make_policy
+from course.policies import Policy, PositionRule, group_mean, make_policy
+from course.policies.base import check_int, check_rule
 
 __all__ = ["FunctionPolicy", "streaming_policy", "h2o_policy", "snapkv_policy", "score_policy"]
 
@@ -75,7 +76,7 @@ class FunctionPolicy(Policy):
         for key, value in (("budget", budget), ("compress_to", compress_to)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{key} must be an integer >= 1 or None, got {value!r}")
-        _check_rule(positions)
+        check_rule(positions)
         self._scores, self._observe, self._rows, self._ranks = scores, observe, rows, ranks
         self.budget, self._compress_to = budget, compress_to
         self.n_sink, self.position_rule, self.name = n_sink, positions, name
@@ -191,7 +192,7 @@ def score_policy(score_fn: Callable[[Tensor, Tensor, int, int], Any], budget: in
     """
     if not callable(score_fn):
         raise TypeError(f"score_fn must be a function, got {type(score_fn).__name__}")
-    _check_int("budget", budget, 2)
+    check_int("budget", budget, 2)
 
     def accumulate(acc: Tensor, weights: Tensor, pos: Tensor, seen: int) -> Tensor:
         return acc + group_mean(weights[None], acc.shape[0])[0].sum(dim=1)

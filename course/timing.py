@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from course.models.base import CausalLM
-from course.policies import H2O, POLICIES, Policy, PolicyKind, make_policy, policy_names
+from course.policies import POLICIES, Policy, PolicyKind, make_policy, policy_names
 
 __all__ = ["median_seconds", "alternate", "alternate_times", "decode_cost_vs_context", "streaming_vs_recompute",
            "bench_policies", "compressed_prompt_speedup", "synchronize", "count_flops"]
@@ -145,7 +145,7 @@ def _fill(model: CausalLM, policy: Policy, slots: int, seen: int):
     positions = torch.arange(seen - slots, seen)
     positions[: min(4, slots)] = torch.arange(min(4, slots))  # keep the first tokens (sinks) where they would be
     shape = (1, c.n_kv_head, slots, c.head_dim)
-    stats = {"attention": torch.rand(1, c.n_kv_head, slots, generator=g)} if isinstance(getattr(policy, "inner", policy), H2O) else {}
+    stats = {name: torch.rand(1, c.n_kv_head, slots, generator=g) for name in policy.eviction_stats}
     cache.fill(torch.randn(shape, generator=g).to(model.device), torch.randn(shape, generator=g).to(model.device),
                positions.to(model.device)[None], seen, {k: v.to(model.device) for k, v in stats.items()})
     return cache

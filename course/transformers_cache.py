@@ -47,154 +47,36 @@ Refused, by name: right padding, a multi-token forward on a cache that already h
 continuing with several new tokens at once), ``crop`` (assisted decoding: evictions cannot be undone). A cache
 holds one stream: continuing it takes the whole stream so far plus one new token (``generate`` on the previous
 output does that); any other input is refused until ``reset()``, which starts afresh.
+
+The layers transformers sees, the hooks on the model, the check in front of ``generate`` and the refusals live in
+``course.transformers_glue``; this module is the cache itself.
 """
 
 from __future__ import annotations
 
 import inspect
-import types
 import weakref
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from course.kvcache import KVCache
-from course.models import config_from_hf
-from course.models.base import ModelConfig
 from course.policies import Policy
+from course.transformers_glue import (
+    DECODING,
+    WEIGHTS_IMPLEMENTATION,
+    Hook,
+    PolicyLayer,
+    UnsupportedCombination,
+    course_config,
+    install_check,
+    needs_attention_weights,
+    no_crop,
+    release,
+)
 
 __all__ = ["PolicyCache", "PolicyLayer", "UnsupportedCombination", "course_config", "needs_attention_weights"]
-
-WEIGHTS_IMPLEMENTATION = "eager"  # the only attention implementation of transformers that returns weights
-DECODING = ("greedy_search", "sample", "beam_search", "beam_sample")  # generate's modes that never undo a step
-
-
-class UnsupportedCombination(ValueError):
-    """A policy, model, attention implementation or input that this cache cannot run exactly (refused before
-    any work, with the reason)."""
-
-
-def course_config(hf_model) -> ModelConfig:
-    """The course's ``ModelConfig`` of a transformers model (its family's rules; refuses what the course cannot
-    run, e.g. RoPE scaling or sliding-window layers). Pass it as ``make_policy(..., model=course_config(m))``."""
-    return config_from_hf(hf_model.config, getattr(hf_model.config, "_name_or_path", "") or "model")
-
-
-def needs_attention_weights(policy: Policy) -> bool:
-    """Does the policy read attention weights (H2O while decoding, SnapKV after a prompt)?"""
-    return policy.attention_rows(1) > 0 or policy.attention_rows(2) > 0
-
-
-class PolicyLayer(CacheLayerMixin):
-    """One layer of a ``PolicyCache``: hands each update to the course's cache of its owner (held weakly, so that
-    the owner and its layers form no reference cycle and a dropped cache is freed at once)."""
-
-    is_compileable = False
-    is_croppable = False
-    is_sliding = False
-
-    def __init__(self, owner: PolicyCache, layer_idx: int) -> None:
-        super().__init__()
-        self._owner, self.layer_idx = weakref.ref(owner), layer_idx
-
-    @property
-    def owner(self) -> PolicyCache:
-        owner = self._owner()
-        if owner is None:
-            raise UnsupportedCombination("this layer's PolicyCache no longer exists")
-        return owner
-
-    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
-        self.device, self.is_initialized = key_states.device, True
-
-    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        """key_states, value_states: [B, H_kv, T, d] (keys rotated at the stream's positions, RoPE models).
-        Returns every slot the layer attends with: [B, H_kv, S, d] each."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.keys, self.values = self.owner._update(self.layer_idx, key_states, value_states)
-        return self.keys, self.values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner._slots_after(query_length), 0
-
-    def get_seq_length(self) -> int:
-        return self.owner.seen
-
-    def get_max_length(self) -> int:
-        budget = self.owner.policy.budget
-        return -1 if budget is None else budget
-
-    # The cache acts on all layers at once (PolicyCache overrides these); a layer alone cannot.
-    def reset(self) -> None:
-        self.owner.reset()
-
-    def reorder_cache(self, beam_idx: Tensor) -> None:
-        raise UnsupportedCombination("reorder a PolicyCache as a whole (PolicyCache.reorder_cache), not one layer")
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise _no_crop()
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        raise UnsupportedCombination("repeat the rows of a PolicyCache as a whole, not one layer")
-
-    def batch_select_indices(self, indices: Tensor) -> None:
-        raise UnsupportedCombination("select the rows of a PolicyCache as a whole, not one layer")
-
-
-def _no_crop() -> UnsupportedCombination:
-    return UnsupportedCombination(
-        "PolicyCache cannot crop (undo tokens): its policy's evictions cannot be undone, so decoding methods that "
-        "roll back steps (assisted decoding, prompt lookup, contrastive search) are refused; use greedy decoding, "
-        "sampling or beam search")
-
-
-class _Hook:
-    """A model hook that calls a method of a cache through a weak reference: the model's hooks never keep a cache
-    alive (a dropped cache removes its hooks when it is freed)."""
-
-    def __init__(self, cache: PolicyCache, method: str) -> None:
-        self.cache, self.method = weakref.ref(cache), method
-
-    def __call__(self, *args):
-        cache = self.cache()
-        return None if cache is None else getattr(cache, self.method)(*args)
-
-
-# ----------------------------------------------------------------------------- the check in front of generate
-_OPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> how many of its PolicyCaches are open
-
-
-def generate(self, *args, **kwargs):
-    """``model.generate`` while a ``PolicyCache`` is open on the model: the cache checks the call's arguments
-    (``PolicyCache.check_generate``) before any work, then transformers' own ``generate`` runs unchanged."""
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if isinstance(cache, PolicyCache):
-        cache.check_generate(self, *args, **kwargs)
-    return type(self).generate(self, *args, **kwargs)
-
-
-def _install_check(model) -> None:
-    _OPEN[model] = _OPEN.get(model, 0) + 1
-    if "generate" not in vars(model):
-        model.generate = types.MethodType(generate, model)
-
-
-def _release(hooks: list, model_ref: weakref.ref) -> None:
-    """Remove a cache's hooks and, with the model's last open cache, the check in front of its generate."""
-    for h in hooks:
-        h.remove()
-    model = model_ref()
-    if model is None or model not in _OPEN:
-        return
-    _OPEN[model] -= 1
-    if _OPEN[model] == 0:
-        del _OPEN[model]
-        method = vars(model).get("generate")
-        if getattr(method, "__func__", None) is generate:
-            del model.generate
-
 
 class PolicyCache(Cache):
     """A transformers 5 ``Cache`` whose slots a course ``Policy`` manages. One stream per cache (a batch of prompts
@@ -226,13 +108,13 @@ class PolicyCache(Cache):
         self._active = False
         self._tokens = 0
         self._pos: Tensor | None = None  # [B, T] the current forward's positions in each row's stream (-1: padding)
-        hooks = [base.register_forward_pre_hook(_Hook(self, "_before"), with_kwargs=True),
-                 base.register_forward_hook(_Hook(self, "_after"), with_kwargs=True)]
+        hooks = [base.register_forward_pre_hook(Hook(self, "_before"), with_kwargs=True),
+                 base.register_forward_hook(Hook(self, "_after"), with_kwargs=True)]
         if needs_attention_weights(policy):
-            hooks += [m.register_forward_hook(_Hook(self, "_observe")) for m in attentions]
+            hooks += [m.register_forward_hook(Hook(self, "_observe")) for m in attentions]
         self._hooks = hooks
-        _install_check(model)
-        self._finalizer = weakref.finalize(self, _release, hooks, weakref.ref(model))
+        install_check(model)
+        self._finalizer = weakref.finalize(self, release, hooks, weakref.ref(model))
 
     # ----------------------------------------------------------------------------- lifetime
     def close(self) -> None:
@@ -481,7 +363,7 @@ class PolicyCache(Cache):
             self.batch_select_indices(rows.repeat_interleave(repeats))
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise _no_crop()
+        raise no_crop()
 
     # ----------------------------------------------------------------------------- state
     @property

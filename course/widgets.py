@@ -165,9 +165,9 @@ def attention_explorer(maps: Sequence[Tensor], tokens: Sequence[str], max_tokens
 # ----------------------------------------------------------------------------- cache explorer
 def sinks_range(policy_name: str) -> tuple[int, int] | None:
     """The sinks the cache explorer allows for a policy (inclusive), or None when it takes none."""
-    if policy_name == "window":
-        return None
     kind = POLICIES.get(policy_name)  # an unknown name: make_policy names the known ones
+    if kind is not None and not kind.explorer_sinks:
+        return None
     return (1 if kind is not None and kind.sinks else 0), MAX_SINKS
 
 
@@ -176,7 +176,7 @@ def explorer_policy(policy_name: str, budget: int, sinks: int, model=None) -> Po
     built by ``make_policy`` for ``model`` (a model or its config: it picks the position rule)."""
     allowed = sinks_range(policy_name)
     if allowed is None and sinks != 0:
-        raise ValueError(f"sinks must be 0 for 'window' (a window with pinned sinks is 'streaming'), got {sinks}")
+        raise ValueError(f"sinks must be 0 for {policy_name!r} (the explorer pins no sinks with it), got {sinks}")
     if allowed is not None and not allowed[0] <= sinks <= allowed[1]:
         raise ValueError(f"sinks must be between {allowed[0]} and {allowed[1]} for {policy_name!r}, got {sinks}")
     return make_policy(policy_name, budget, sinks=sinks, model=model)

@@ -17,12 +17,23 @@ from typing import Any
 
 __all__ = ["Watched", "code_objects", "call_watching"]
 
-_SHARED_BASES = ("course.policies.Policy",)  # every cache calls these: not a shortcut by themselves
+_SHARED_BASES = ("course.policies.Policy", "course.storage.Storage")  # every cache calls these: not shortcuts
 
 
 def _qualified(obj: Any) -> str:
+    """``module.qualname`` of a function or class, under the shortest package that exports it (where a student
+    imports it from: ``course.policies.SnapKV``, not the file that defines it)."""
     obj = inspect.unwrap(obj)
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+    module = getattr(obj, "__module__", None) or "?"
+    qualname = getattr(obj, "__qualname__", type(obj).__name__)
+    head = qualname.split(".")[0]
+    defined = getattr(sys.modules.get(module), head, None)
+    parts = module.split(".")
+    for i in range(1, len(parts)):
+        package = ".".join(parts[:i])
+        if defined is not None and getattr(sys.modules.get(package), head, None) is defined:
+            return f"{package}.{qualname}"
+    return f"{module}.{qualname}"
 
 
 def _functions_of(obj: Any) -> Iterable[Any]:

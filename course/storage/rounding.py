@@ -1,0 +1,55 @@
+"""The rounding the quantized stores are made of: asymmetric min-max quantization of a slice of numbers.
+
+With m = min, M = max over a group (KIVI eq. 2):
+
+    scale = (M - m) / (2^b - 1),   code = round((x - m) / scale) in 0 .. 2^b - 1,   x' = code * scale + m.
+
+Notebook 08 teaches these functions (``course.quantize`` re-exports them); the stores in ``course.storage`` use them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["quantize", "dequantize", "fake_quantize", "wide", "error_by_token"]
+
+
+def quantize(x: Tensor, bits: int, dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Asymmetric min-max quantization of ``x`` with one scale and zero point per slice along ``dim``.
+
+    Returns codes (uint8, x's shape, values 0 .. 2^bits - 1), scale and zero (float32, x's shape with ``dim`` of
+    size 1), computed in float32 or wider. A group whose numbers are all equal gets scale 1 (its codes are 0 and it
+    comes back exactly)."""
+    x = x.to(wide(x.dtype))
+    zero = x.amin(dim=dim, keepdim=True)
+    span = x.amax(dim=dim, keepdim=True) - zero
+    scale = torch.where(span > 0, span / (2**bits - 1), torch.ones_like(span))
+    codes = ((x - zero) / scale).round().clamp(0, 2**bits - 1).to(torch.uint8)
+    return codes, scale, zero
+
+
+def dequantize(codes: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
+    """x' = code * scale + zero (in the scale's dtype)."""
+    return codes.to(scale.dtype) * scale + zero
+
+
+def wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype rounding is computed in: float32, or the input's own if wider (float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def fake_quantize(x: Tensor, bits: int, dim: int) -> Tensor:
+    """``dequantize(quantize(x))`` in x's dtype: the numbers a b-bit store gives back."""
+    return dequantize(*quantize(x, bits, dim)).to(x.dtype)
+
+
+def error_by_token(keys: Tensor, bits: int, group: int) -> Tensor:
+    """How much KIVI's per-channel rounding changes each key: ||k' - k|| / ||k|| per token, for keys [H, T, d]
+    quantized per channel over consecutive groups of ``group`` tokens (a last partial group too): [H, T]."""
+    h, t, d = keys.shape
+    out = torch.empty(h, t)
+    for start in range(0, t, group):
+        part = keys[:, start : start + group].float()
+        out[:, start : start + group] = (fake_quantize(part, bits, dim=1) - part).norm(dim=-1) / part.norm(dim=-1)
+    return out
