@@ -96,3 +96,20 @@ def test_the_weight_change_is_the_change_of_the_causal_attention_weights():
          for k in (keys, rounded)]
     for j in (0, 4, 9):
         assert torch.allclose(got[0, j], (w[1] - w[0]).abs()[:, j:, j].mean(), atol=1e-6)
+
+
+def test_the_frontier_plot_draws_the_paired_ratio_and_its_interval():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course.frontier import StorePoint
+    from course.plots import frontier_plot
+
+    full = StorePoint("full cache", "full", 1.0, (10.0, 20.0, 40.0))
+    store = StorePoint("quantization", "2-bit", 0.3, (11.0, 24.0, 42.0))  # ratios 1.1, 1.2, 1.05
+    fig = frontier_plot([full, store], reference=full, title="t")
+    ax = fig.axes[0]
+    ys = sorted(y for line in ax.lines for y in line.get_ydata() if len(line.get_xdata()) == 1)
+    assert 1.1 in [round(y, 6) for y in ys]  # the median of the paired ratios, not of the perplexities
+    segments = [s for c in ax.collections for s in c.get_segments()]
+    assert any(abs(s[0][1] - 1.05) < 1e-9 and abs(s[1][1] - 1.2) < 1e-9 for s in segments)  # the range (n < 8)
