@@ -1,16 +1,19 @@
 """attention-sinks-course: how LLM serving survives the KV cache.
 
 Readable, device-agnostic PyTorch for every mechanism the notebooks teach. The map of the package (the runtime
-path reads policy -> cache -> attention; ``tests/test_package.py`` checks that this map names every module):
+path reads policy -> cache -> attention, the cache in layers: slots below, policies and stores beside each other, the
+cache composing them; ``tests/test_package.py`` checks that this map names every module):
 
 What a student's kernel imports
-  ``course.policies``            eviction policies behind one interface, and the table that declares each one
+  ``course.slots``               one layer's cached slots (keys, values, positions): the floor of the cache
+  ``course.policies``            eviction policies behind one interface, one file each, and the table that declares them
+  ``course.storage``             how kept tokens are stored: the protocol, its table, full precision, KIVI
   ``course.function_policy``     policies whose decisions are a notebook's own functions of tensors
-  ``course.kvcache``             the KV cache: slots, eviction by a policy's scores, prompt compression
+  ``course.kvcache``             the KV cache: a policy and a store composed, eviction, prompt compression
   ``course.rope``                the rotary position embedding the models and the cache share
   ``course.models``              models that own their KV cache (one ``Family`` per architecture; ``attend``)
   ``course.compression``         the one prompt-compression step that generation and evaluation share
-  ``course.quantize``            the quantized store (KIVI) a policy's kept tokens can be held in
+  ``course.quantize``            the quantized store (KIVI) and its rounding, as notebook 08 uses them
   ``course.streaming``           a long text through a bounded cache: perplexity and what it costs
   ``course.frontier``            quality against bytes: eviction, quantization and both on the same passages
   ``course.equal_bytes``         stores compared at the same bytes: what a store holds, eviction given as much
@@ -18,6 +21,7 @@ What a student's kernel imports
   ``course.evaluate``            needle retrieval under a compressed cache, continuations, budget sweeps
   ``course.generate``            generation and chat through a compressed cache
   ``course.transformers_cache``  the course's policies inside transformers' ``generate``
+  ``course.transformers_glue``   that cache's layers, hooks on the model, the check before ``generate``, refusals
   ``course.attention_analysis``  where attention goes: sink mass, sink heads, residual and value norms, ablation
   ``course.train``               tiny models pretrained with and without a sink token or sink logit
   ``course.passages``            results over many passages (spreads, intervals)

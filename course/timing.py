@@ -169,7 +169,7 @@ def _slots_after(kind: PolicyKind, t: int, budget: int, prompt: int) -> int:
 
 @torch.inference_mode()
 def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budget: int, steps: int, reps: int,
-                   names: tuple[str, ...] | None = None) -> dict:
+                   names: tuple[str, ...] | None = None, storage=None) -> dict:
     """Per-token decode time (ms) and cache bytes after ``t`` streamed tokens, for every policy in ``names``
     (by default the table's policies shown in ``bench``: full, window, streaming, h2o, snapkv and any registered
     since; any registered policy may be added).
@@ -177,7 +177,8 @@ def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budge
     SnapKV compresses a prompt once and never evicts while decoding: here the prompt is the first
     ``lengths[0]`` tokens, compressed to ``budget`` slots, and its cache then grows by one slot a
     token. Its overhead is therefore compared at ``lengths[0]``, where it holds ``budget`` slots
-    like StreamingLLM; H2O's at the longest stream (both always hold ``budget``)."""
+    like StreamingLLM; H2O's at the longest stream (both always hold ``budget``). ``storage``: a store
+    (``course.storage``) every policy keeps its tokens in (default: full precision)."""
     if list(lengths) != sorted(lengths) or lengths[0] < budget:
         raise ValueError(f"lengths must be increasing and start at >= budget ({budget}), got {lengths}")
     names = policy_names("bench") if names is None else tuple(names)
@@ -185,8 +186,8 @@ def bench_policies(model: CausalLM, ids: torch.Tensor, lengths: list[int], budge
     if unknown or not {"streaming", "h2o", "snapkv"} <= set(names):  # the overheads below compare these
         raise ValueError(f"names must include streaming, h2o and snapkv and may add any of {', '.join(POLICIES)}; "
                          f"got {names}")
-    policies = {name: (lambda name=name: make_policy(name, budget, model=model))  # SnapKV compresses the prompt;
-                for name in names}  # its cache then grows while decoding
+    policies = {name: (lambda name=name: make_policy(name, budget, model=model, quantizer=storage))
+                for name in names}  # SnapKV compresses the prompt; its cache then grows while decoding
     prompt = lengths[0]  # SnapKV: this prompt compressed to the budget, then decoding
     rows: dict[str, dict[str, list]] = {name: {"tokens": [], "ms_per_token": [], "cache_bytes": []} for name in policies}
     for t in lengths:
