@@ -16,6 +16,8 @@ What a student's kernel imports
   ``course.quantize``            the quantized store (KIVI) and its rounding, as notebook 08 uses them
   ``course.streaming``           a long text through a bounded cache: perplexity and what it costs
   ``course.frontier``            quality against bytes: eviction, quantization and both on the same passages
+  ``course.equal_bytes``         stores compared at the same bytes: what a store holds, eviction given as much
+  ``course.rounding_error``      what rounding a key does to attention: logit error and weight moved
   ``course.evaluate``            needle retrieval under a compressed cache, continuations, budget sweeps
   ``course.generate``            generation and chat through a compressed cache
   ``course.transformers_cache``  the course's policies inside transformers' ``generate``

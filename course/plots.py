@@ -20,6 +20,8 @@ from cycler import cycler
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter, NullFormatter
 
+from course.stats import interval
+
 __all__ = [
     "cache_size_plot", "decode_cost_plot", "attention_heatmap", "sink_mass_plot", "nll_along_stream",
     "bar_compare", "lines_plot", "plain_ticks", "plain_number", "use_course_style", "CYCLE", "LINE_CYCLE",
@@ -300,10 +302,12 @@ def spread_plot(series: dict[str, Sequence[float]], xlabel: str, title: str = ""
 __all__ += ["spread_plot"]
 
 
-def frontier_plot(points: Sequence, reference: float = 1.0, title: str = "") -> Figure:
+def frontier_plot(points: Sequence, reference, title: str = "") -> Figure:
     """Quality against bytes: one line per family of stores, one marker per store (``course.frontier.StorePoint``:
-    x its fraction of the full cache's bytes, y its median perplexity over the passages relative to ``reference``,
-    with a bar from the lowest to the highest passage's)."""
+    x its fraction of the full cache's bytes, y the median over the passages of its perplexity / ``reference``'s on
+    the same passage, a paired ratio). The bar is the interval of those paired ratios (``course.stats.interval``: a
+    bootstrap 95 % interval from 8 passages on, the range below): pairing is real here, every store reads the same
+    passages and computes deterministically."""
     if not points:
         raise ValueError("frontier_plot needs at least one point")
     fig, (ax,) = _axes((7.5, 4.5))
@@ -311,14 +315,15 @@ def frontier_plot(points: Sequence, reference: float = 1.0, title: str = "") -> 
     for i, family in enumerate(families):
         members = sorted((p for p in points if p.family == family), key=lambda p: p.bytes_fraction)
         x = [p.bytes_fraction for p in members]
-        y = [float(np.median(p.ppl)) / reference for p in members]
-        low = [y_ - min(p.ppl) / reference for y_, p in zip(y, members)]
-        high = [max(p.ppl) / reference - y_ for y_, p in zip(y, members)]
-        ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, color=f"C{i % 10}", label=family)
+        spans = [interval(p.ratio_to(reference).values) for p in members]
+        y = [s.point for s in spans]
+        ax.errorbar(x, y, yerr=[[s.point - s.low for s in spans], [s.high - s.point for s in spans]], marker="o",
+                    capsize=3, color=f"C{i % 10}", label=family)
         for p, xi, yi in zip(members, x, y):
             ax.annotate(p.label, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=f"C{i % 10}")
     ax.axhline(1.0, color="grey", ls="--", lw=1)
-    ax.set(xlabel="bytes held / the full cache's (16-bit)", ylabel="perplexity / the full cache's", xscale="log")
+    ax.set(xlabel="bytes held / the full cache's (16-bit)", ylabel="perplexity / the full cache's, paired by passage",
+           xscale="log")
     ax.set_title(title, fontsize=10)
     plain_ticks(ax)
     ax.legend(loc="best", fontsize=8)

@@ -386,29 +386,40 @@ KEY: list[Key] = [
                 "(the residual aside), how\nmany bytes does one token cost in a KIVI store at "
                 f"{bits} bits with groups of {group}, its scales and zero points at 16 bits?\n(a number)"))),
     Key("08.q_full_tokens", 40,
-        "a key group is rounded once all its 32 tokens are older than the newest 32: which groups is that, before "
-        "token 1,000 (counting from 0) arrives?",
-        {32: "the tokens of a group not yet full stay in full precision too, besides the residual",
-         8: "the residual's 32 newest tokens stay in full precision as well as the group not yet full",
+        "in the course's store a key group and its values are rounded together, once all its 32 tokens are older "
+        "than the newest 32: which groups is that, before token 1,000 (counting from 0) arrives?",
+        {32: "that is the residual alone: in the course's store the tokens of the key group not yet full stay in "
+             "full precision too",
+         8: "that is the count of KIVI's own code for the keys (it rounds its key residual 32 at a time); the question "
+            "asks about the course's store, which rounds a group and its values once all its tokens are older than "
+            "the newest 32",
          0: "the newest tokens are never rounded: that is the residual"},
         numbers=Numbers(
             {"group": (32, [16, 32, 64]), "residual": (32, [16, 32, 64, 128]), "tokens": (1000, range(300, 5001, 20))},
-            # a key group is rounded once all its tokens are older than the residual: the first
-            # (tokens - residual) // group groups, before the token at position ``tokens`` arrives
+            # the course's rule (course.quantize.KIVI): a key group is rounded, with its values, once all its tokens
+            # are older than the residual: the first (tokens - residual) // group groups, before the token at
+            # position ``tokens`` arrives
             answer=lambda group, residual, tokens: tokens - group * ((tokens - residual) // group),
-            wrong=(lambda residual: residual,
-                   (lambda answer, residual: answer - residual,
-                    lambda residual: f"the residual's {residual} newest tokens stay in full precision as well as the "
-                                     "group not yet full"),
+            wrong=((lambda residual: residual,
+                    lambda residual: "that is the residual alone: in the course's store the tokens of the key group "
+                                     "not yet full stay in full precision too"),
+                   (lambda residual, tokens: tokens % residual,
+                    lambda residual: f"that is the count of KIVI's own code for the keys (it rounds its key residual "
+                                     f"{residual} at a time); the question asks about the course's store, which "
+                                     "rounds a group and its values once all its tokens are older than the newest "
+                                     f"{residual}"),
                    lambda: 0),
             valid=lambda group, residual, tokens: tokens > residual + group,
             nudge=lambda group, residual, tokens: (
-                f"a key group is rounded once all its {group} tokens are older than the newest {residual}: which "
-                f"groups is that, before token {tokens:,} (counting from 0) arrives?"),
+                f"in the course's store a key group and its values are rounded together, once all its {group} tokens "
+                f"are older than the newest {residual}: which groups is that, before token {tokens:,} (counting from "
+                "0) arrives?"),
             text=lambda group, residual, tokens: (
-                f"A KIVI store with groups of {group} tokens and a residual of {residual}, no token kept exact, has "
-                f"been fed tokens 0 to {tokens - 1}.\nToken {tokens:,} arrives: how many tokens does the store hold in "
-                "full precision as it arrives? (a number)"))),
+                "The course's store (`course.quantize.KIVI`, the rule of section 2: a key group and its values "
+                "rounded once\nall its tokens are older than the newest `residual`) with groups of "
+                f"{group} tokens and a residual of {residual}, no token kept\nexact, has been fed tokens 0 to "
+                f"{tokens - 1}. Token {tokens:,} arrives: how many tokens does the store hold in full precision as\n"
+                "it arrives? (a number)"))),
     Key("08.q_sinks_exact", "a",
         "what does a group's per-channel scale do to a key unlike the others, and who reads the sink's key?",
         {"b": "the first tokens are the ones StreamingLLM never evicts",

@@ -143,11 +143,11 @@ def _diagnose(got, model, ids: Tensor, name: str, budget: int | None, settings: 
     variants = [
         (dict(settings, keys="token"), 1, "keys are rounded per channel: one min and max per channel over the group's "
                                           "tokens (dim 2 of [B, H_kv, S, d]), not per token"),
-        (dict(settings, residual=r + 1), 3, "a group leaves the residual when done + group <= next_position - "
+        (dict(settings, residual=r + 1), 1, "a group leaves the residual when done + group <= next_position - "
                                             "residual: you waited one token too long"),
-        (dict(settings, residual=max(r - 1, 0)), 3, "a group leaves the residual when done + group <= next_position - "
+        (dict(settings, residual=max(r - 1, 0)), 1, "a group leaves the residual when done + group <= next_position - "
                                                     "residual: you rounded it one token too early"),
-        (dict(settings, residual=0), 3, "the newest `residual` tokens stay in full precision: only groups older than "
+        (dict(settings, residual=0), 1, "the newest `residual` tokens stay in full precision: only groups older than "
                                         "them are rounded"),
     ]
     for changed, number, text in variants:
@@ -164,4 +164,5 @@ def _diagnose(got, model, ids: Tensor, name: str, budget: int | None, settings: 
         return hint(3, f"{where}: your keys hold inf or nan: take min and max over the group's slots only (mask the "
                        "others with +inf / -inf, then keep the old numbers outside the group with torch.where)")
     return hint(1, f"{where}: your cache differs from the course's KIVI store (keys per channel over each group of "
-                   "tokens, values per token over groups of channels, asymmetric min-max, in place)")
+                   "tokens, values per token over groups of channels, asymmetric min-max, returned as (keys, values, "
+                   "done))")
