@@ -160,11 +160,12 @@ INTRO = [
     "Every published result the course quotes or re-runs, the paper's number beside the course's own, in three "
     "kinds kept apart (`course.claims`):", "",
     "* **reproductions** — the paper's own quantity re-measured in the paper's setting (the row states the setting), "
-    "scaled down and said so; each gets a verdict from a rule fixed before the run on exploration data the verdict "
-    "never sees (its value, the exploratory figure it came from, why and the commit it was fixed in: "
-    "[thresholds.md](thresholds.md)): *reproduced* or *partly* only when the whole interval clears the threshold (a "
-    "bootstrap 95 % interval from 8 values on; below, the full range of the values, whose coverage of the median is "
-    "1 - 2^(1-n): 75 % at n = 3, 88 % at n = 4, 97 % at n = 6), *inconclusive at n = ...* when it straddles one, else "
+    "scaled down and said so; each gets a verdict from a rule fixed before the run, checked against its figure on "
+    "the exploration split, which the verdict never reads (its value, that figure, why and the commit it was fixed "
+    "in: [thresholds.md](thresholds.md)): *reproduced* or *partly* only when the whole interval clears the "
+    "threshold (a bootstrap 95 % interval from 8 values on; below, the full range of the values, whose coverage "
+    "of the median is 1 - 2^(1-n): 75 % at n = 3, 88 % at n = 4, 97 % at n = 6), *inconclusive at n = ...* when "
+    "it straddles one, else "
     "*not reproduced at this scale*;",
     "* **illustrations** — true by construction, a different quantity than the paper's, or the paper's quantity in "
     "another setting: shown beside the paper's number, never given a verdict;",
