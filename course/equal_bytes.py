@@ -6,8 +6,8 @@ also holds its full-precision residual, the key group not yet full and any exact
 slots, so ``slots_for`` gives it the smallest whole number of slots that holds at least those bytes: the comparison
 is then at equal bytes to within one slot, the rounding in eviction's favour.
 
-A passkey accuracy is k prompts right of n: ``proportion_interval`` is its Wilson 95 % interval (each contender's
-alone: unpaired, though the prompts are the same).
+A passkey accuracy is k prompts right of n: ``course.stats.proportion_interval`` is its Wilson 95 % interval (each
+contender's alone: unpaired, though the prompts are the same).
 """
 
 from __future__ import annotations
@@ -23,10 +23,7 @@ from course.frontier import DEPLOYED_BYTES
 from course.models.base import CausalLM
 from course.policies import Policy
 
-__all__ = ["slots_for", "prompt_store_fraction", "proportion_interval"]
-
-Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
-
+__all__ = ["slots_for", "prompt_store_fraction"]
 
 def slots_for(fraction: float, tokens: int) -> int:
     """The fewest slots an eviction policy needs to hold at least ``fraction`` of a full cache of ``tokens`` tokens
@@ -56,15 +53,3 @@ def prompt_store_fraction(model: CausalLM, trials: Sequence[NeedleTrial],
         full = model.config.cache_bytes_per_token(DEPLOYED_BYTES) * prompt.shape[1] * prompt.shape[0]
         out.append(cache.bytes_at(DEPLOYED_BYTES) / full)
     return out
-
-
-def proportion_interval(k: int, n: int) -> tuple[float, float]:
-    """Wilson's 95 % interval for a proportion of k successes in n trials."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n:
-        raise ValueError(f"k must be an integer from 0 to n={n}, got {k!r}")
-    p, z2 = k / n, Z95**2
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from course.models.base import CausalLM
-from course.quantize import fake_quantize
+from course.storage.rounding import round_by_groups
 from course.rope import rope
 
 __all__ = ["queries", "logit_error_by_token", "weight_change_by_token"]
@@ -67,12 +67,6 @@ def _check_shapes(q: Tensor, keys: Tensor) -> None:
                          f"{list(q.shape)} and {list(keys.shape)}")
 
 
-def _rounded(keys: Tensor, bits: int, group: int) -> Tensor:
-    """KIVI's per-channel rounding of keys [H_kv, T, d] over consecutive groups of ``group`` tokens (float32)."""
-    k = keys.float()
-    return torch.cat([fake_quantize(k[:, s : s + group], bits, dim=1) for s in range(0, k.shape[1], group)], dim=1)
-
-
 def _as_attended(keys: Tensor, theta: float | None, heads: int) -> Tensor:
     """keys [H_kv, T, d] as the queries meet them: rotated at their positions (``theta``, else as they are) and
     repeated for each query head of a KV head: [H, T, d]."""
@@ -99,7 +93,7 @@ def logit_error_by_token(q: Tensor, keys: Tensor, bits: int, group: int, theta: 
     None). H must be a multiple of H_kv (grouped-query attention). Returns [H_kv, T]: the mean over the query
     heads of each KV head."""
     _check_shapes(q, keys)
-    delta = _as_attended(_rounded(keys, bits, group) - keys.float(), theta, q.shape[0])  # [H, T, d]
+    delta = _as_attended(round_by_groups(keys, bits, group) - keys.float(), theta, q.shape[0])  # [H, T, d]
     return _per_key((q.float() @ delta.transpose(1, 2)).abs() / q.shape[-1] ** 0.5, keys.shape[0])
 
 
@@ -115,4 +109,4 @@ def weight_change_by_token(q: Tensor, keys: Tensor, bits: int, group: int, theta
         logits = q.float() @ _as_attended(k, theta, h).transpose(1, 2) / d**0.5
         return torch.softmax(logits.masked_fill(future, -torch.inf), dim=-1)  # [H, T, T]
 
-    return _per_key((weights(_rounded(keys, bits, group)) - weights(keys.float())).abs(), keys.shape[0])
+    return _per_key((weights(round_by_groups(keys, bits, group)) - weights(keys.float())).abs(), keys.shape[0])

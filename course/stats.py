@@ -30,11 +30,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["MIN_FOR_INTERVAL", "MIN_FOR_CLAIM", "STATISTICS", "Interval", "interval", "bootstrap_interval",
-           "range_coverage", "Bound", "bound"]
+           "range_coverage", "proportion_interval", "Bound", "bound"]
 
 MIN_FOR_INTERVAL = 8  # below it, the range: a bootstrap interval from fewer values is narrower and covers less
 MIN_FOR_CLAIM = 5     # an asserted claim rests on at least this many values (range coverage 94 %) or says so
 STATISTICS = {"median": statistics.median, "mean": statistics.fmean}
+Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,19 @@ def interval(values, statistic: str = "median") -> Interval:
         low, high = bootstrap_interval(values, statistic)
         return Interval(point, low, high, len(values), "95% bootstrap interval", statistic)
     return Interval(point, min(values), max(values), len(values), "range", statistic)
+
+
+
+def proportion_interval(k: int, n: int) -> tuple[float, float]:
+    """Wilson's 95 % interval for a proportion of k successes in n trials."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n:
+        raise ValueError(f"k must be an integer from 0 to n={n}, got {k!r}")
+    p, z2 = k / n, Z95**2
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)

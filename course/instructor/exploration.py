@@ -16,7 +16,7 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from course.claims import REPRODUCTION_MIME
+from course.instructor.reproductions import stored_outputs
 
 __all__ = ["read_provenance", "confirmation_problems", "explore_notebook", "explore", "figure_text", "entries",
            "anchor_pattern", "ledger_cell", "EXPLORATION_DIR"]
@@ -29,14 +29,8 @@ ENV = {"COURSE_SPLIT": "exploration", "COURSE_CLAIMS": "record"}
 def read_provenance(executed: Path | str) -> dict | None:
     """What an executed notebook stored with its rows (``course.claims.provenance``): rows, split, draws and
     recorded claims; None when it stored none (an older run, or a notebook without rows)."""
-    nb = json.loads(Path(executed).read_text(encoding="utf-8"))
-    found = None
-    for cell in nb.get("cells", []):
-        for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
-            data = out.get("data", {}).get(REPRODUCTION_MIME)
-            if data:
-                found = data
-    return found
+    found = list(stored_outputs(json.loads(Path(executed).read_text(encoding="utf-8"))))
+    return found[-1] if found else None
 
 
 def confirmation_problems(executed: Path | str) -> list[str]:

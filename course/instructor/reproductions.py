@@ -16,12 +16,13 @@ it (an older run, before a section was added). The site shows the page (``course
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from course.claims import (DOES_NOT_HOLD, FINDING, HOLDS, ILLUSTRATION, INCONCLUSIVE, REPRODUCTION, REPRODUCTION_MIME,
                            VERDICTS, verdict_class)
 
-__all__ = ["read_rows", "read_not_run", "column_name", "render", "tally", "write_reproductions"]
+__all__ = ["stored_outputs", "read_rows", "read_not_run", "column_name", "render", "tally", "write_reproductions"]
 
 FINDING_VERDICTS = (HOLDS, INCONCLUSIVE, DOES_NOT_HOLD)
 
@@ -36,6 +37,16 @@ COLUMN_MEANING = {
 }
 
 
+def stored_outputs(nb: dict) -> Iterator[dict]:
+    """What ``course.claims.show_reproductions`` stored in an executed notebook ``nb`` (its JSON), in cell order:
+    rows, split, draws and recorded claims, one per output."""
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            data = out.get("data", {}).get(REPRODUCTION_MIME)
+            if data:
+                yield data
+
+
 def read_rows(executed: Path | str) -> tuple[list[dict], dict[str, str]]:
     """Every row stored in the executed notebooks ``NN_*.ipynb`` of ``executed``, and how each notebook ran
     (``{notebook: "FAST = True, MODEL = ..."}``, from papermill's record)."""
@@ -47,12 +58,9 @@ def read_rows(executed: Path | str) -> tuple[list[dict], dict[str, str]]:
         nb = json.loads(path.read_text(encoding="utf-8"))
         params = (nb.get("metadata", {}).get("papermill") or {}).get("parameters") or {}
         runs[path.stem] = ", ".join(f"{k} = {v!r}" for k, v in params.items() if k in ("MODEL", "FAST", "SEED"))
-        for cell in nb.get("cells", []):
-            for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
-                data = out.get("data", {}).get(REPRODUCTION_MIME)
-                if data:
-                    rows += [dict({"kind": REPRODUCTION, "n": 1, "low": None, "high": None,
-                                   "interval": "one value"}, **r, file=path.stem) for r in data["rows"]]
+        for data in stored_outputs(nb):
+            rows += [dict({"kind": REPRODUCTION, "n": 1, "low": None, "high": None,
+                           "interval": "one value"}, **r, file=path.stem) for r in data["rows"]]
     return rows, runs
 
 

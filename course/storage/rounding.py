@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["quantize", "dequantize", "fake_quantize", "wide", "error_by_token"]
+__all__ = ["quantize", "dequantize", "fake_quantize", "wide", "round_by_groups", "error_by_token"]
 
 
 def quantize(x: Tensor, bits: int, dim: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -44,12 +44,15 @@ def fake_quantize(x: Tensor, bits: int, dim: int) -> Tensor:
     return dequantize(*quantize(x, bits, dim)).to(x.dtype)
 
 
+def round_by_groups(keys: Tensor, bits: int, group: int) -> Tensor:
+    """KIVI's per-channel rounding of keys [H, T, d] over consecutive groups of ``group`` tokens (a last partial
+    group too): the rounded keys [H, T, d] in float32."""
+    k = keys.float()
+    return torch.cat([fake_quantize(k[:, s : s + group], bits, dim=1) for s in range(0, k.shape[1], group)], dim=1)
+
+
 def error_by_token(keys: Tensor, bits: int, group: int) -> Tensor:
     """How much KIVI's per-channel rounding changes each key: ||k' - k|| / ||k|| per token, for keys [H, T, d]
-    quantized per channel over consecutive groups of ``group`` tokens (a last partial group too): [H, T]."""
-    h, t, d = keys.shape
-    out = torch.empty(h, t)
-    for start in range(0, t, group):
-        part = keys[:, start : start + group].float()
-        out[:, start : start + group] = (fake_quantize(part, bits, dim=1) - part).norm(dim=-1) / part.norm(dim=-1)
-    return out
+    quantized per channel over consecutive groups of ``group`` tokens (``round_by_groups``): [H, T]."""
+    k = keys.float()
+    return (round_by_groups(k, bits, group) - k).norm(dim=-1) / k.norm(dim=-1)

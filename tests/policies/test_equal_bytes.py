@@ -9,13 +9,14 @@ import math
 import pytest
 import torch
 
-from course.equal_bytes import prompt_store_fraction, proportion_interval, slots_for
+from course.equal_bytes import prompt_store_fraction, slots_for
 from course.evaluate import NeedleTrial
 from course.exercises.fixtures import tiny_model
 from course.policies import make_policy
 from course.quantize import KIVI, fake_quantize
 from course.rope import rope
 from course.rounding_error import logit_error_by_token, queries, weight_change_by_token
+from course.stats import proportion_interval
 
 
 def test_slots_for_gives_eviction_at_least_the_bytes_and_never_a_whole_slot_more():
