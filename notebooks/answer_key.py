@@ -429,4 +429,51 @@ KEY: list[Key] = [
                  "the first tokens are the ones evicted first",
                  "a token kept exact takes fewer bytes",
                  "the sink's value vector carries the answer")),
+    # ------------------------------------------------------------------ 09 · retrieval heads
+    Key("09.q_duo_slots", 140288,
+        "the whole KV heads hold the prompt's every token; every other KV head of every layer holds its sinks and "
+        "its window",
+        {128000: "the streaming heads hold slots too: their sinks and their window",
+         144384: "the whole heads are counted among the layers x KV heads: only the others stream",
+         139520: "a streaming head keeps its sinks as well as its window"},
+        numbers=Numbers(
+            {"layers": (32, [24, 28, 32, 40]), "kv_heads": (8, [4, 8]), "whole": (64, [16, 32, 48, 64]),
+             "sinks": (4, [4, 16, 64]), "window": (60, [60, 124, 252]), "prompt": (2000, [2000, 4000, 8000])},
+            answer=lambda layers, kv_heads, whole, sinks, window, prompt: whole * prompt + (
+                layers * kv_heads - whole) * (sinks + window),
+            wrong=(lambda whole, prompt: whole * prompt,
+                   lambda layers, kv_heads, whole, sinks, window, prompt: whole * prompt + layers * kv_heads * (
+                       sinks + window),
+                   lambda layers, kv_heads, whole, window, prompt: whole * prompt + (layers * kv_heads - whole) * window),
+            valid=lambda layers, kv_heads, whole, sinks, window, prompt: whole < layers * kv_heads and
+            sinks + window < prompt,
+            text=lambda layers, kv_heads, whole, sinks, window, prompt: (
+                f"A model has {layers} layers and {kv_heads} KV heads. A DuoAttention cache keeps {whole} of its KV "
+                f"heads whole and gives every\nother KV head {sinks} sinks and a window of {window}. After a prompt "
+                f"of {prompt:,} tokens, how many slots does it hold in all?\n(a number)"))),
+    Key("09.q_shared_slots", 96,
+        "the layer keeps kv_heads x budget slots in all; each head first keeps int(budget x safeguard) of its own",
+        {128: "every head first keeps its safeguard: only the rest is shared",
+         120: "the safeguard is per head: every one of the KV heads keeps int(budget x safeguard)",
+         24: "that is the slots per head: the common ranking shares the whole layer's remainder"},
+        numbers=Numbers(
+            {"kv_heads": (4, [2, 4, 8]), "budget": (32, [16, 32, 64, 128]), "safeguard": (0.25, [0.125, 0.25, 0.5])},
+            answer=lambda kv_heads, budget, safeguard: kv_heads * budget - kv_heads * int(budget * safeguard),
+            wrong=(lambda kv_heads, budget: kv_heads * budget,
+                   lambda kv_heads, budget, safeguard: kv_heads * budget - int(budget * safeguard),
+                   lambda kv_heads, budget, safeguard: budget - int(budget * safeguard)),
+            text=lambda kv_heads, budget, safeguard: (
+                f"Ada-KV shares one layer's budget over its {kv_heads} KV heads, {budget} slots per head on average, "
+                f"with a safeguard of\n{safeguard}. How many of the layer's slots are given out by the common "
+                "ranking, after every head has kept its\nsafeguard? (a number)"))),
+    Key("09.q_random_control", "a",
+        "what would the control measure if one of its heads were a retrieval head?",
+        {"b": "masking any head costs the same: one multiplication by zero",
+         "c": "the best heads may sit in any layers; the number of layers is not what is compared",
+         "d": "the map of section 1 shows the best heads in several layers"},
+        choices=("so that the control cannot mask a retrieval head by chance, and the gap measures what retrieval "
+                 "heads do",
+                 "because random heads are faster to mask",
+                 "so that both conditions mask the same number of layers",
+                 "because the best 8 heads are all in one layer")),
 ]

@@ -250,6 +250,27 @@ def kivi_settle(keys: Tensor, values: Tensor, positions: Tensor, done: int, next
     return keys, values, done
 
 
+def retrieval_scores(model, trials, shift: int = 1, span: bool = True, token: bool = True, divide: str = "answer",
+                     average: bool = True) -> Tensor:
+    """Notebook 09's build and its typical mistakes: the row of the answer token itself read (``shift=0``); any key
+    with the token counted, inside the needle or not (``span=False``); any needle key counted, whatever its token
+    (``token=False``); hits divided by the needle's length (``divide="needle"``); trials summed, not averaged."""
+    total = 0.0
+    for trial in trials:
+        ids = torch.cat([trial.prompt[0], trial.answer])
+        maps = model(ids[None], output_attentions=True).attentions
+        first, (lo, hi) = trial.prompt.shape[1], trial.needle
+        hits = torch.zeros(len(maps), maps[0].shape[1], dtype=torch.float64)
+        for layer, attn in enumerate(maps):
+            for i in range(first, ids.shape[0]):
+                top = attn[0, :, i - shift].argmax(-1)
+                inside = (top >= lo) & (top < hi) if span else torch.ones_like(top, dtype=torch.bool)
+                same = ids[top] == ids[i] if token else torch.ones_like(top, dtype=torch.bool)
+                hits[layer] += (inside & same).double()
+        total = total + hits / ((ids.shape[0] - first) if divide == "answer" else (hi - lo))
+    return total / len(trials) if average else total
+
+
 # exercise id -> (the build with its switches, [(switches, a fragment of the feedback it must get)])
 MISTAKES = {
     "01.greedy_own_attention": (greedy_decode, [
@@ -302,6 +323,13 @@ MISTAKES = {
         (dict(early=1), "one token too early"),
         (dict(early=-1), "one token too long"),
         (dict(use_residual=False), "the newest `residual` tokens stay in full precision"),
+    ]),
+    "09.retrieval_scores": (retrieval_scores, [
+        (dict(shift=0), "read row i - 1"),
+        (dict(span=False), "only a key inside the needle counts"),
+        (dict(token=False), "the very token being produced"),
+        (dict(divide="needle"), "by the number of answer tokens"),
+        (dict(average=False), "average over the trials"),
     ]),
 }
 CASES = [(e, i) for e in MISTAKES for i in range(len(MISTAKES[e][1]))]

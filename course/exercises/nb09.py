@@ -1,0 +1,178 @@
+"""Notebook 09 (retrieval and streaming heads): checkers, each against the course's own mechanisms.
+
+The build, the retrieval score of every head, is checked on two models: a tiny random Llama (the real code path:
+its score must equal the course's ``course.heads.retrieval_scores`` to the last digit) and a *planted* model whose
+attention maps are written by hand, one head per behaviour the score must tell apart (a head that copies the
+answer from the needle, one that copies half of it, one a query too late, one from outside the needle, one that
+looks at the needle but at the wrong token, one that rests on the sink). Only the planted heads make a wrong rule
+visible: a random model's arg-max almost never lands on the needle.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from course.evaluate import NeedleTrial
+from course.exercises.core import Wrong, exercise
+from course.exercises.fixtures import close, generator, tiny_model
+from course.exercises.hints import hint
+from course.headwise import adakv_counts, ada_kv
+from course.heads import retrieval_scores
+from course.models.base import ModelConfig, ModelOutput
+
+# ----------------------------------------------------------------------------- 1. Ada-KV's budgets
+
+
+def _counts_with_course(scores: Tensor, budget: int, safeguard: float) -> Tensor:
+    """AUTOFILL's allocation: the course's ``adakv_counts`` for one batch row ([H_kv, S] -> [H_kv] long)."""
+    return adakv_counts(scores[None], budget, safeguard)[0]
+
+
+def _diagnose_counts(got: Tensor, scores: Tensor, budget: int, safeguard: float) -> str:
+    h, s = scores.shape
+    if int(got.sum()) != h * budget:
+        return f"the layer keeps exactly H_kv x budget = {h * budget} slots in all, got {int(got.sum())}"
+    if bool((got == budget).all()):
+        return "one top-k over all the layer's heads together (flatten the scores), not budget slots per head"
+    plain = torch.bincount(scores.flatten().topk(h * budget).indices // s, minlength=h)
+    if torch.equal(got, plain):
+        return (f"first give every head its safeguard, int(budget x safeguard) = {max(1, int(budget * safeguard))} "
+                "best slots of its own, then share the rest over all heads")
+    return "each head keeps its safeguard of best slots, then the layer's remaining slots go to the best scores " \
+           "left over all heads; count per head"
+
+
+@exercise("09.adakv_counts", "Exercise 1 (Ada-KV shares a layer's budget)", points=2, fallback=_counts_with_course,
+          shortcuts=(adakv_counts, ada_kv))
+def _check_counts(fn) -> None:
+    g = generator(9)
+    for h, s, budget, safeguard in ((3, 40, 8, 0.2), (4, 30, 6, 0.5), (2, 50, 10, 0.2)):
+        scores = torch.rand(h, s, generator=g) ** 3
+        scores[0] *= 4  # one head that attends sharply: Ada-KV gives it more
+        got, want = fn(scores, budget, safeguard), _counts_with_course(scores, budget, safeguard)
+        try:
+            got = torch.as_tensor(got).long().flatten()
+        except (TypeError, RuntimeError, ValueError):
+            raise Wrong("return one count per KV head: a [H_kv] tensor of integers") from None
+        if got.shape != want.shape:
+            raise Wrong(f"return one count per KV head: shape {tuple(want.shape)}, got {tuple(got.shape)}")
+        if not torch.equal(got, want):
+            raise Wrong(_diagnose_counts(got, scores, budget, safeguard))
+
+
+# ----------------------------------------------------------------------------- 2. build: retrieval scores
+# The planted heads of the second model, one per behaviour, and the score the course gives each.
+PLANTED = ("copies", "copies half", "a query late", "outside the needle", "wrong needle token", "sink")
+PLANTED_SCORE = (1.0, 0.5, 0.0, 0.0, 0.0, 0.0)
+
+
+def _planted_trial(seed: int) -> NeedleTrial:
+    """A passkey prompt in token ids: filler (ids 20..52), a needle holding the key's tokens (ids 10..19) twice,
+    a copy of the key's first token in the filler after the needle, and the question (ids 1..5); the answer is the
+    key's tokens."""
+    g = generator(seed)
+    key = torch.randperm(10, generator=g)[:4] + 10
+    before = torch.randint(20, 53, (12,), generator=g)
+    needle = torch.cat([torch.tensor([6, 7]), key, torch.tensor([8]), key, torch.tensor([9])])
+    after = torch.cat([torch.randint(20, 53, (6,), generator=g), key[:1], torch.randint(20, 53, (6,), generator=g)])
+    prompt = torch.cat([before, needle, after, torch.arange(1, 6)])
+    lo = before.shape[0]
+    return NeedleTrial(prompt[None], key.clone(), (lo, lo + needle.shape[0]), 0.5, "planted")
+
+
+class PlantedModel:
+    """A stand-in for a model whose attention maps are planted: ``model(ids, output_attentions=True)`` returns,
+    for every layer, [1, H, T, T] weights where head ``PLANTED[h]`` has its arg-max where its behaviour puts it
+    (every other key gets a small, equal share). Layer l repeats the heads rotated by l, so a mix-up of layers and
+    heads shows. Its trials must be those of ``_planted_trial`` (it finds the needle by the marker token 6)."""
+
+    def __init__(self, n_layer: int = 2) -> None:
+        h = len(PLANTED)
+        self.config = ModelConfig(family="llama", vocab_size=53, n_layer=n_layer, n_head=h, n_kv_head=h,
+                                  d_model=8 * h, head_dim=8, d_ff=48, max_positions=512, name="planted")
+        self.device = torch.device("cpu")
+        self.dtype = torch.float64
+
+    def __call__(self, ids: Tensor, *args, output_attentions: bool = False, **kwargs) -> ModelOutput:
+        ids = torch.as_tensor(ids)
+        if ids.dim() == 1:
+            ids = ids[None]
+        t = ids.shape[1]
+        maps = [self._layer(ids[0], (layer % len(PLANTED))) for layer in range(self.config.n_layer)]
+        logits = torch.zeros(ids.shape[0], t, self.config.vocab_size, dtype=self.dtype)
+        return ModelOutput(logits, maps if output_attentions else None)
+
+    def _layer(self, ids: Tensor, shift: int) -> Tensor:
+        t, h = ids.shape[0], len(PLANTED)
+        top = torch.zeros(h, t, dtype=torch.long)  # [H, T] each query's arg-max key; 0 (the sink) by default
+        lo = int((ids == 6).nonzero()[0])
+        hi = int((ids == 9).nonzero()[0]) + 1
+        start = int((ids == 5).nonzero()[-1]) + 1  # the answer follows the question's last token
+        for i in range(start, t):
+            at = lo + 2 + int((ids[lo + 2: lo + 6] == ids[i]).nonzero()[0])  # ids[i] inside the needle
+            behaviour = {0: (i - 1, at), 1: (i - 1, at if (i - start) % 2 == 0 else 0), 2: (i, at),
+                         3: (i - 1, hi + 6 if ids[hi + 6] == ids[i] else 0),
+                         4: (i - 1, lo + (at - lo + 1 - 2) % 4 + 2), 5: (i - 1, 0)}
+            for head, (row, key) in behaviour.items():
+                top[(head + shift) % h, row] = key
+        weights = torch.full((h, t, t), 0.1, dtype=self.dtype).tril()
+        weights.scatter_(2, top[..., None], 5.0)
+        weights = weights.tril()
+        return (weights / weights.sum(-1, keepdim=True))[None]
+
+
+def _planted_scores(n_layer: int) -> Tensor:
+    """The score each planted head must get: [L, H]."""
+    want = torch.tensor(PLANTED_SCORE, dtype=torch.float64)
+    return torch.stack([want.roll(layer % len(PLANTED)) for layer in range(n_layer)])
+
+
+def _diagnose_scores(got: Tensor, n_trials: int) -> str:
+    heads = dict(zip(PLANTED, got[0].tolist()))
+    if abs(heads["copies"] - n_trials) < 1e-6:
+        return hint(2, "average over the trials: a head that copies every answer token in every trial scores 1")
+    if abs(heads["copies"] - 1.0) > 1e-6 and heads["copies"] > 0:
+        return hint(2, "divide a head's hits by the number of answer tokens (a head that copies each of them "
+                       "scores 1)")
+    if heads["a query late"] > 0 and heads["copies"] < 1:
+        return hint(3, "answer token i is produced by the query at position i - 1: read row i - 1 of the maps")
+    if heads["outside the needle"] > 0:
+        return hint(1, "only a key inside the needle counts (trial.needle): the same token elsewhere is not "
+                       "retrieval")
+    if heads["wrong needle token"] > 0:
+        return hint(1, "the key the head attends most must hold the very token being produced: "
+                       "ids[key] == ids[i]")
+    if heads["sink"] > 0:
+        return hint(1, "a head resting on the sink copies nothing")
+    return hint(1, "a head hits when its most-attended key (arg-max of the row) is a needle position holding the "
+                   "answer token being produced; score = hits / answer tokens, averaged over trials")
+
+
+@exercise("09.retrieval_scores", "Build exercise (the retrieval score of every head)", points=6, kind="build",
+          fallback=retrieval_scores, shortcuts=(retrieval_scores,))
+def _check_retrieval_scores(fn) -> None:
+    trials = [_planted_trial(s) for s in (1, 2)]
+    model = PlantedModel(n_layer=3)
+    want = retrieval_scores(model, trials)
+    if not close(want, _planted_scores(3), 1e-9):  # the oracle itself, on heads whose score is known
+        raise RuntimeError("the course's retrieval score disagrees with the planted heads")
+    try:
+        got = torch.as_tensor(fn(model, trials)).double()
+    except (TypeError, RuntimeError, ValueError) as e:
+        if "output_attentions" in str(e) or "NoneType" in str(e):
+            raise Wrong(hint(2, "ask the model for its attention maps: model(ids, output_attentions=True)"
+                                ".attentions, one [1, H, T, T] tensor per layer")) from None
+        raise
+    if got.shape != want.shape:
+        raise Wrong(hint(2, f"return one score per layer and query head: shape {tuple(want.shape)}, got "
+                            f"{tuple(got.shape)}"))
+    if not close(got, want, 1e-9):
+        raise Wrong(_diagnose_scores(got, len(trials)))
+    real = tiny_model("llama", seed=9, n_layer=2)
+    g = generator(10)
+    trials = [NeedleTrial(torch.randint(0, 53, (1, 40), generator=g), torch.randint(0, 53, (3,), generator=g),
+                          (10, 20), 0.5, "random") for _ in range(2)]
+    if not close(torch.as_tensor(fn(real, trials)).double(), retrieval_scores(real, trials), 1e-9):
+        raise Wrong(hint(1, "right on hand-made maps but not on a real model's: feed the prompt followed by the "
+                            "answer, one forward, and read every layer's maps"))
