@@ -23,6 +23,7 @@ What a student's kernel imports
   ``course.transformers_cache``  the course's policies inside transformers' ``generate``
   ``course.transformers_glue``   that cache's layers, hooks on the model, the check before ``generate``, refusals
   ``course.attention_analysis``  where attention goes: sink mass, sink heads, residual and value norms, ablation
+  ``course.heads``               which heads retrieve: retrieval scores, masking heads, their sink mass
   ``course.train``               tiny models pretrained with and without a sink token or sink logit
   ``course.training``            its rooms: the tasks, the variants, the training loop, the measurements
   ``course.splits``              exploration and confirmation data kept apart (text ranges, seeds, the record)

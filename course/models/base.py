@@ -127,9 +127,14 @@ def attend_view(q: Tensor, keys: Tensor, view: AttentionView, cache: KVCache, la
     return y, w if want_weights else None
 
 
-def merge_heads(y: Tensor, x: Tensor, gate: OutputGate | None, out: nn.Module) -> Tensor:
+def merge_heads(y: Tensor, x: Tensor, gate: OutputGate | None, out: nn.Module,
+                head_mask: Tensor | None = None) -> Tensor:
     """The heads' outputs y [B, H, T, d] merged to [B, T, H·d], gated from the layer's input x [B, T, D] when the
-    model has an output gate, then projected by W_O (``out``) to [B, T, D]."""
+    model has an output gate, then projected by W_O (``out``) to [B, T, D]. ``head_mask`` (bool [H], the attention
+    module's ``head_mask``, set by ``course.heads.masked_heads``): the heads marked True output zeros, so W_O
+    receives nothing from them (an ablation; None, the usual case, costs nothing)."""
+    if head_mask is not None:
+        y = y.masked_fill(head_mask.to(y.device).view(1, -1, 1, 1), 0.0)
     b, h, t, d = y.shape
     y = y.transpose(1, 2).reshape(b, t, h * d)
     if gate is not None:

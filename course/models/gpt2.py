@@ -44,6 +44,7 @@ class Attention(nn.Module):
             if cfg.sink_logit != "none" else None
         # Gated attention (optional): a sigmoid gate per output dimension, computed from x (``OutputGate``).
         self.gate = OutputGate(cfg.d_model, cfg.d_model) if cfg.output_gate == "elementwise" else None
+        self.head_mask: Tensor | None = None  # bool [H]: heads whose output is zeroed before W_O (``merge_heads``)
 
     def forward(
         self, x: Tensor, pos: Tensor, cache: KVCache | None, want_weights: bool
@@ -61,7 +62,7 @@ class Attention(nn.Module):
             view = cache.update(self.layer_idx, k, v, pos)  # positions are in the embeddings: no rotation
             k_pos = view.positions
             y, w = attend_view(q, view.keys, view, cache, self.layer_idx, want_weights, self.sink_logit)
-        return merge_heads(y, x, self.gate, self.out), w, k_pos
+        return merge_heads(y, x, self.gate, self.out, self.head_mask), w, k_pos
 
 
 class MLP(nn.Module):

@@ -64,6 +64,7 @@ class Attention(nn.Module):
             if cfg.sink_logit != "none" else None
         # Gated attention (optional): a sigmoid gate per output dimension, computed from x (``OutputGate``).
         self.gate = OutputGate(cfg.d_model, h * d) if cfg.output_gate == "elementwise" else None
+        self.head_mask: Tensor | None = None  # bool [H]: heads whose output is zeroed before W_O (``merge_heads``)
 
     def forward(
         self, x: Tensor, pos: Tensor, cache: KVCache | None, want_weights: bool
@@ -96,7 +97,7 @@ class Attention(nn.Module):
                 qr, kr, scale = cache.rotate(q, pos), view.keys, None
             k_pos = view.positions
             y, w = attend_view(qr, kr, view, cache, self.layer_idx, want_weights, self.sink_logit, scale)
-        return merge_heads(y, x, self.gate, self.o), w, k_pos
+        return merge_heads(y, x, self.gate, self.o, self.head_mask), w, k_pos
 
 
 def _sink_block_rotation(
