@@ -65,6 +65,13 @@ def head_frontier(points: Sequence[Mapping], title: str = "") -> Figure:
         style = dict(marker="o", color=f"C{i % 10}", ls=styles[i % len(styles)], label=method)
         axes[0].errorbar(x, acc, yerr=[acc - lo_hi[:, 0], lo_hi[:, 1] - acc], capsize=3, **style)
         axes[1].plot(x, [p["ppl_ratio"] for p in members], **style)
+    least = min(p["bytes"] for p in points)
+    smallest = [p for p in points if p["bytes"] == least]
+    best = max(smallest, key=lambda p: p["right"] / p["trials"])
+    closest = min(smallest, key=lambda p: p["ppl_ratio"])
+    axes[0].set_title(f"passkey, fewest bytes: {best['method']} best ({best['right']}/{best['trials']})", fontsize=9)
+    axes[1].set_title(f"perplexity, fewest bytes: {closest['method']} closest (x{closest['ppl_ratio']:.2f})",
+                      fontsize=9)
     axes[0].set(xlabel="bytes held / the full cache's", ylabel="passkey accuracy", ylim=(0, 1.05))
     axes[1].set(xlabel="bytes held / the full cache's", ylabel="perplexity / the full cache's")
     axes[1].axhline(1.0, color="grey", ls="--", lw=1)

@@ -18,7 +18,7 @@ from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import close, generator, tiny_model
 from course.exercises.hints import hint
 from course.headwise import adakv_counts, ada_kv
-from course.heads import retrieval_scores
+from course.heads import copy_hits, retrieval_scores
 from course.models.base import ModelConfig, ModelOutput
 
 # ----------------------------------------------------------------------------- 1. Ada-KV's budgets
@@ -122,6 +122,18 @@ class PlantedModel:
         return (weights / weights.sum(-1, keepdim=True))[None]
 
 
+def _copy_rule_scores(model: PlantedModel, trials: list[NeedleTrial]) -> Tensor:
+    """The course's copy rule (``course.heads.copy_hits``) on the planted maps, averaged over the trials: [L, H]."""
+    rates = []
+    for trial in trials:
+        ids, p = torch.cat([trial.prompt[0], trial.answer]), trial.prompt.shape[1]
+        maps = model(ids[None], output_attentions=True).attentions
+        slots = torch.arange(ids.shape[0]).expand(maps[0].shape[1], -1)  # [H_kv, S]: slot s holds position s
+        rates.append(torch.stack([copy_hits(m[0, :, p - 1:-1], slots, trial.prompt[0], trial.answer, trial.needle)
+                                  .double().mean(-1) for m in maps]))
+    return torch.stack(rates).mean(0)
+
+
 def _planted_scores(n_layer: int) -> Tensor:
     """The score each planted head must get: [L, H]."""
     want = torch.tensor(PLANTED_SCORE, dtype=torch.float64)
@@ -150,11 +162,11 @@ def _diagnose_scores(got: Tensor, n_trials: int) -> str:
 
 
 @exercise("09.retrieval_scores", "Build exercise (the retrieval score of every head)", points=6, kind="build",
-          fallback=retrieval_scores, shortcuts=(retrieval_scores,))
+          fallback=retrieval_scores, shortcuts=(retrieval_scores, copy_hits))
 def _check_retrieval_scores(fn) -> None:
     trials = [_planted_trial(s) for s in (1, 2)]
     model = PlantedModel(n_layer=3)
-    want = retrieval_scores(model, trials)
+    want = _copy_rule_scores(model, trials)
     if not close(want, _planted_scores(3), 1e-9):  # the oracle itself, on heads whose score is known
         raise RuntimeError("the course's retrieval score disagrees with the planted heads")
     try:

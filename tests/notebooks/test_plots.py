@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from course import plots  # noqa: E402
+from course import head_plots, plots  # noqa: E402
 
 RNG = np.random.default_rng(0)
 
@@ -47,6 +47,14 @@ FIGURES = {
         "tokens streamed", "KV cache (MiB)", "memory"),
     "kept_tokens_figure": lambda: plots.kept_tokens_figure(["The", " cat", "\n", " sat"], [True, False, True, None],
                                                            title="streaming(4+60)"),
+    "head_map": lambda: head_plots.head_map(torch.rand(6, 9) ** 6, title="3 of 54 heads above 0.1"),
+    "accuracy_bars": lambda: head_plots.accuracy_bars({"full": (11, 12), "best 8 masked": (2, 12),
+                                                       "8 random masked": (10, 12)}, title="12 prompts"),
+    "head_frontier": lambda: head_plots.head_frontier(
+        [{"method": m, "budget": b, "bytes": b / 350, "right": r, "trials": 12, "ppl_ratio": q}
+         for m, rows in {"StreamingLLM": [(48, 0, 1.2), (96, 1, 1.1)], "DuoAttention": [(48, 6, 1.15), (96, 10, 1.05)],
+                         "SnapKV": [(48, 7, 1.1), (96, 11, 1.04)]}.items() for b, r, q in rows],
+        title="equal bytes"),
 }
 
 
