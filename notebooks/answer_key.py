@@ -445,8 +445,8 @@ KEY: list[Key] = [
                    lambda layers, kv_heads, whole, sinks, window, prompt: whole * prompt + layers * kv_heads * (
                        sinks + window),
                    lambda layers, kv_heads, whole, window, prompt: whole * prompt + (layers * kv_heads - whole) * window),
-            valid=lambda layers, kv_heads, whole, sinks, window, prompt: whole < layers * kv_heads and
-            sinks + window < prompt,
+            valid=lambda layers, kv_heads, whole, sinks, window, prompt: (
+                whole < layers * kv_heads and sinks + window < prompt),
             text=lambda layers, kv_heads, whole, sinks, window, prompt: (
                 f"A model has {layers} layers and {kv_heads} KV heads. A DuoAttention cache keeps {whole} of its KV "
                 f"heads whole and gives every\nother KV head {sinks} sinks and a window of {window}. After a prompt "
