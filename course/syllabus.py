@@ -75,6 +75,8 @@ NOTEBOOKS: tuple[Notebook, ...] = (
              "course.exercises.nb07"),
     Notebook("08_quantize_or_evict", "KIVI's quantized cache with the sinks kept exact; eviction, quantization and "
              "both at the same bytes", "course.exercises.nb08"),
+    Notebook("09_retrieval_heads", "retrieval heads and streaming heads; a cache whose heads hold different lengths; "
+             "DuoAttention, Ada-KV and PyramidKV at the same bytes", "course.exercises.nb09"),
 )
 
 

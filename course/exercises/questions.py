@@ -240,6 +240,9 @@ QUESTIONS: list[Question] = [
     Question("08.q_bytes_per_token", "Question 1 (bytes of a 2-bit token)", "number"),
     Question("08.q_full_tokens", "Question 2 (what stays in full precision)", "number"),
     Question("08.q_sinks_exact", "Question 3 (why keep the sink exact)", "choice"),
+    Question("09.q_duo_slots", "Question 1 (a DuoAttention cache's slots)", "number"),
+    Question("09.q_shared_slots", "Question 2 (what Ada-KV shares)", "number"),
+    Question("09.q_random_control", "Question 3 (why the control avoids the best heads)", "choice"),
 ]
 BY_ID: dict[str, Question] = {q.id: q for q in QUESTIONS}
 
