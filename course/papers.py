@@ -98,6 +98,18 @@ PAPERS: dict[str, Paper] = {p.key: p for p in [
           "Fei Huang, Suozhi Huang, Dayiheng Liu, Jingren Zhou and Junyang Lin", 2025,
           "Gated Attention for Large Language Models: Non-linearity, Sparsity, and Attention-Sink-Free",
           arxiv="2505.06708"),
+    Paper("retrieval-heads", "Wenhao Wu, Yizhong Wang, Guangxuan Xiao, Hao Peng and Yao Fu", 2024,
+          "Retrieval Head Mechanistically Explains Long-Context Factuality", arxiv="2404.15574"),
+    Paper("duoattention", "Guangxuan Xiao, Jiaming Tang, Jingwei Zuo, Junxian Guo, Shang Yang, Haotian Tang, Yao Fu "
+          "and Song Han", 2024,
+          "DuoAttention: Efficient Long-Context LLM Inference with Retrieval and Streaming Heads", arxiv="2410.10819"),
+    Paper("adakv", "Yuan Feng, Junlin Lv, Yukun Cao, Xike Xie and S. Kevin Zhou", 2024,
+          "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation for Efficient LLM Inference "
+          "(NeurIPS 2025)", arxiv="2407.11550"),
+    Paper("pyramidkv", "Zefan Cai, Yichi Zhang, Bofei Gao, Yuliang Liu, Yucheng Li, Tianyu Liu, Keming Lu, "
+          "Wayne Xiong, Yue Dong, Junjie Hu and Wen Xiao", 2024,
+          "PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling (COLM 2025)",
+          arxiv="2406.02069"),
 ]}
 
 RESULTS: dict[str, PaperResult] = {r.key: r for r in [
@@ -180,6 +192,61 @@ RESULTS: dict[str, PaperResult] = {r.key: r for r in [
                 "and heads, on the test-perplexity data",
                 {"baseline": 0.467, "elementwise gate": 0.048, "headwise gate": 0.073,
                  "mean gate score, elementwise": 0.116}),
+    PaperResult("retrieval-heads.abstract", "retrieval-heads", "abstract",
+                "4 model families, 6 scales, 3 kinds of finetuning: retrieval heads are universal, sparse, intrinsic, "
+                "dynamically activated and causal (pruning them breaks retrieval, pruning random non-retrieval heads "
+                "does not)",
+                {"share of heads that are retrieval heads, % (less than)": 5,
+                 "retrieval heads always active, Llama-2 7B": 12}),
+    PaperResult("retrieval-heads.detection", "retrieval-heads", "§2",
+                "retrieval score of a head = |g_h ∩ k| / |k|, the share of the needle's tokens k it copy-pastes (at "
+                "a greedy decoding step its most-attended input token is in the needle and equals the token "
+                "generated), averaged over the tests: three needle sets, each at 20 lengths from 1K to 50K and 10 "
+                "depths; a head scoring at least the threshold is a retrieval head",
+                {"threshold": 0.1, "needle sets": 3, "tests per model, about": 600}),
+    PaperResult("retrieval-heads.figure3", "retrieval-heads", "§3.1, Figure 3",
+                "share of all heads by retrieval score, the range over the models of Figure 3 (Llama-2, Yi, "
+                "Qwen1.5, Mistral and Mixtral variants)",
+                {"score 0, % low": 45, "score 0, % high": 73, "score 0 to 0.1, % low": 25,
+                 "score 0 to 0.1, % high": 52, "score above 0.1, % low": 3, "score above 0.1, % high": 6,
+                 "score above 0.5, % (less than)": 5}),
+    PaperResult("retrieval-heads.figure7", "retrieval-heads", "§4.1, Figure 7",
+                "Needle-in-a-Haystack on needles other than the detection sets, masking the top K retrieval heads "
+                "against K random heads: masking retrieval heads severely damages the needle score, random heads much "
+                "less",
+                {"K": 50, "K as % of all heads, about": 5, "needle score at K = 50, every model, below": 50}),
+    PaperResult("duoattention.abstract", "duoattention", "abstract; §3.4, Figures 10 and 11",
+                "up to, against full attention on one A100: MHA (Llama-2-7B) and GQA (Llama-3-8B) models; with "
+                "8-bit weights and a 4-bit KV cache, Llama-3-8B decodes 3.3 million tokens of context on one A100",
+                {"memory reduction, MHA": 2.55, "memory reduction, GQA": 1.67, "decoding speed-up, MHA": 2.18,
+                 "decoding speed-up, GQA": 1.50, "pre-filling speed-up, MHA": 1.73, "pre-filling speed-up, GQA": 1.63}),
+    PaperResult("duoattention.setup", "duoattention", "§3.1, §3.2",
+                "retrieval heads keep the full cache, streaming heads sinks + recent tokens; the share of retrieval "
+                "(KV) heads kept: Llama-2-7B-32K-Instruct (MHA), Llama-3-8B-Instruct-Gradient-1048k (GQA); "
+                "streaming heads while identifying the heads and when deployed on NIAH and LongBench",
+                {"retrieval heads, MHA, %": 25, "retrieval heads, GQA, %": 50, "sinks, identifying": 128,
+                 "recent, identifying": 256, "sinks, deployed": 64, "recent, deployed": 256}),
+    PaperResult("duoattention.gates", "duoattention", "§2.2, §3.1",
+                "one gate α in [0, 1] per KV head, starting at 1, mixes the head's full and streaming attention "
+                "(α·full + (1 − α)·streaming); the model is frozen; loss: the squared L2 difference of the last "
+                "hidden states of full and mixed attention on the passkey tokens, plus λ times the L1 norm of the "
+                "gates; data: 32-word passkeys (§2.2: 32 tokens) inserted in BookSum text, recalled at the end; AdamW",
+                {"λ": 0.05, "passkeys a sample": 10, "steps": 2000, "learning rate": 0.02}),
+    PaperResult("duoattention.figure13", "duoattention", "§3.5, Figure 13 (3)",
+                "Mistral-7B-Instruct-v0.2, passkey retrieval (an 8-word passkey in 30K words, 100 depths): the "
+                "deployed streaming heads' sinks and recent tokens, beyond which accuracy gains are marginal",
+                {"sinks": 16, "recent": 64}),
+    PaperResult("adakv.abstract", "adakv", "abstract",
+                "an upper bound on the L1 loss between the attention outputs before and after eviction; one "
+                "budget allocated adaptively across heads instead of uniformly, plugged into SnapKV and Pyramid "
+                "(Ada-SnapKV, Ada-Pyramid); quality gains over uniform allocation, no headline number",
+                {"Ruler datasets": 13, "LongBench datasets": 16}),
+    PaperResult("pyramidkv.abstract", "pyramidkv", "abstract",
+                "LongBench, cache per layer shrinking with depth (more in lower layers); Needle-in-a-Haystack with "
+                "LLaMA-3-70B",
+                {"% of the cache kept, matching the full cache": 12, "% of the cache kept, low budget": 0.7,
+                 "TREC accuracy gain at that budget, up to, absolute": 20.5, "entries kept, needle test": 128,
+                 "needle accuracy, %": 100.0}),
 ]}
 
 
