@@ -40,6 +40,7 @@ What a student's kernel imports
   ``course.syllabus``            the notebooks, in order: the one table everything that lists them reads
   ``course.notebook``            the lines every notebook runs after its parameters cell
   ``course.plots``               the notebooks' figures
+  ``course.head_plots``          notebook 09's figures: per head, per condition, the head-wise frontier
   ``course.widgets``             the interactive explorers (attention maps, what a cache keeps)
   ``course.progress``            one progress bar for every long loop
   ``course.data``                texts: the Austen novels offline, local files, PG-19 / wikitext online

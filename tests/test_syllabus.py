@@ -18,12 +18,12 @@ from course.__main__ import main
 from course.exercises.core import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
-THROWAWAY = syllabus.Notebook("09_throwaway", "a lesson made up by this test", "throwaway_nb09", fast_budget_s=60)
+THROWAWAY = syllabus.Notebook("10_throwaway", "a lesson made up by this test", "throwaway_nb10", fast_budget_s=60)
 EXERCISES = '''
 from course.exercises.core import Wrong, exercise
 
 
-@exercise("09.double", "Exercise 1 (double a number)", points=3)
+@exercise("10.double", "Exercise 1 (double a number)", points=3)
 def _check_double(fn):
     if fn(2) != 4:
         raise Wrong("double it")
@@ -60,30 +60,30 @@ def throwaway(tmp_path, monkeypatch):
     """The course with a ninth notebook: its row, its exercise module (on sys.path) and a tiny solution notebook
     in a copy of the repository's notebooks and README. Its exercise leaves the registry afterwards."""
     (tmp_path / "modules").mkdir()
-    (tmp_path / "modules" / "throwaway_nb09.py").write_text(EXERCISES, encoding="utf-8")
+    (tmp_path / "modules" / "throwaway_nb10.py").write_text(EXERCISES, encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path / "modules"))
     monkeypatch.setattr(syllabus, "NOTEBOOKS", (*syllabus.NOTEBOOKS, THROWAWAY))
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "notebooks", repo / "notebooks", ignore=shutil.ignore_patterns("student"))
     shutil.copy(ROOT / "README.md", repo / "README.md")
-    nb = new_notebook(cells=[new_markdown_cell("# 09: a throwaway lesson", id="intro"),
+    nb = new_notebook(cells=[new_markdown_cell("# 10: a throwaway lesson", id="intro"),
                              new_code_cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n"
                                            "    ### END SOLUTION", id="ex", execution_count=1)])
     nbformat.write(nb, repo / "notebooks" / THROWAWAY.file)
     yield repo
-    REGISTRY.pop("09.double", None)
-    sys.modules.pop("throwaway_nb09", None)
+    REGISTRY.pop("10.double", None)
+    sys.modules.pop("throwaway_nb10", None)
 
 
 def test_a_new_notebook_reaches_exercises_points_and_the_listing(throwaway, capsys):
     from course.exercises.checking import get
     from course.instructor.grading.points import points_by_notebook, points_table
 
-    assert get("09.double").points == 3
-    assert points_by_notebook()["09"]["exercise"] == 3 and "| 09 | 3 | 0 | 0 | 0 | 0 | 3 |" in points_table()
+    assert get("10.double").points == 3
+    assert points_by_notebook()["10"]["exercise"] == 3 and "| 10 | 3 | 0 | 0 | 0 | 0 | 3 |" in points_table()
     assert main(["notebooks", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)["notebooks"]
-    assert [r["notebook"] for r in listed][-2:] == ["08_quantize_or_evict", "09_throwaway"]
+    assert [r["notebook"] for r in listed][-2:] == ["09_retrieval_heads", "10_throwaway"]
     assert listed[-1]["points"] == 3 and listed[-1]["fast_budget_s"] == 60
 
 
@@ -92,7 +92,7 @@ def test_a_new_notebook_has_its_own_fast_budget(monkeypatch):
 
     monkeypatch.setattr(syllabus, "NOTEBOOKS", (*syllabus.NOTEBOOKS, THROWAWAY))
     rows = [{"notebook": THROWAWAY.name, "quiet_s": 61.0}, {"notebook": "01_kv_cache", "quiet_s": 61.0}]
-    assert "over in 09_throwaway (quiet, 1 min 01 s)." in budget_verdict(rows)  # not 01: its budget is 3 min
+    assert "over in 10_throwaway (quiet, 1 min 01 s)." in budget_verdict(rows)  # not 01: its budget is 3 min
     assert budget_verdict(rows[1:]).endswith("met in every column.")
 
 
@@ -104,7 +104,7 @@ def test_release_writes_the_new_row_into_the_readme_and_its_check_sees_it(throwa
     assert ("README.md", "table of notebooks differs") in before and (THROWAWAY.file, "missing") in before
     written = release(solutions, students)
     assert students / THROWAWAY.file in written and throwaway / "README.md" in written
-    assert "| `09_throwaway` | a lesson made up by this test |" in (throwaway / "README.md").read_text()
+    assert "| `10_throwaway` | a lesson made up by this test |" in (throwaway / "README.md").read_text()
     assert "raise NotImplementedError()" in (students / THROWAWAY.file).read_text()
     assert check_release(solutions, students) == []
     (solutions / THROWAWAY.file).rename(solutions / "10_unlisted.ipynb")  # a notebook without its row
@@ -122,5 +122,5 @@ def test_the_site_shows_the_new_notebook_in_its_place(throwaway, tmp_path):
     result = build_site(executed, tmp_path / "site", throwaway, partial=True)
     assert result["notebooks"] == [THROWAWAY.name] and len(result["missing"]) == len(syllabus.NOTEBOOKS) - 1
     index = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
-    assert '<a href="09_throwaway.html">09_throwaway</a>' in index and "a lesson made up by this test" in index
-    assert index.index("08_quantize_or_evict") < index.index("09_throwaway")
+    assert '<a href="10_throwaway.html">10_throwaway</a>' in index and "a lesson made up by this test" in index
+    assert index.index("09_retrieval_heads") < index.index("10_throwaway")
