@@ -147,10 +147,12 @@ def test_a_headwise_cache_shares_the_prompt_forward_with_uniform_caches():
     contenders = {"duo": lambda: duo_at_bytes(c, torch.rand(2, 2, generator=torch.Generator().manual_seed(0)),
                                               PROMPT - 1, 16, sinks=2),
                   "ada": lambda: ada_kv(c, 16, obs_window=4), "snapkv": lambda: make_policy("snapkv", 16, model=c)}
-    together = compare_after_compression(model, prompt, cont, {k: f() for k, f in contenders.items()},
-                                         lambda cache: {"bytes": cache.bytes_at(2)})
+    def held(cache) -> dict:
+        return {"bytes": cache.bytes_at(2)}
+
+    together = compare_after_compression(model, prompt, cont, {k: f() for k, f in contenders.items()}, held)
     for name, make in contenders.items():
-        alone = compare_after_compression(model, prompt, cont, {name: make()}, lambda cache: {"bytes": cache.bytes_at(2)})
+        alone = compare_after_compression(model, prompt, cont, {name: make()}, held)
         assert torch.allclose(together[name][0], alone[name][0], atol=1e-10, rtol=0)
         assert together[name][2] == alone[name][2] == {"bytes": 2 * 16 * c.n_layer * c.n_kv_head * c.head_dim * 2}
 
