@@ -125,3 +125,26 @@ def test_padded_batches_are_refused():
     mask[0, :3] = 0
     with PolicyCache(hf, duo(course_config(hf))) as cache, pytest.raises(UnsupportedCombination, match="padding"):
         hf.generate(ids, cache=cache, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
+
+
+def test_beam_search_reorders_every_part():
+    """Beam search reorders the rows of every part; its best beam equals the course model's beam-free score of the
+    same tokens (each row attends with its own ragged heads)."""
+    hf = small_hf("llama")
+    model = from_transformers(hf, "small-llama")
+    config = course_config(hf)
+    ids = torch.randint(0, 100, (1, PROMPT), generator=torch.Generator().manual_seed(12))
+    with PolicyCache(hf, duo(config)) as cache:
+        out = hf.generate(ids, cache=cache, max_new_tokens=12, num_beams=3, do_sample=False, eos_token_id=None,
+                          pad_token_id=0, attention_mask=torch.ones_like(ids), output_scores=True,
+                          return_dict_in_generate=True)
+        assert cache.kv.shape[1] == 3
+    best = out.sequences[0]
+    cache, logits = compress_prompt(model, ids, duo(config))
+    total = torch.log_softmax(logits[0, -1], -1)[best[PROMPT]]
+    with torch.inference_mode():
+        for i in range(PROMPT, best.shape[0] - 1):
+            step = model(best[i : i + 1].view(1, 1), cache=cache).logits[0, -1]
+            total = total + torch.log_softmax(step, -1)[best[i + 1]]
+    # (generate's sequence score is float32, the mean log-probability over the new tokens)
+    assert abs(float(total) - float(out.sequences_scores[0]) * (best.shape[0] - PROMPT)) < LOGITS
