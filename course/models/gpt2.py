@@ -16,6 +16,7 @@ Shapes: B batch, T new tokens, S cached slots, D model width, H heads, d = D / H
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +46,7 @@ class Attention(nn.Module):
         # Gated attention (optional): a sigmoid gate per output dimension, computed from x (``OutputGate``).
         self.gate = OutputGate(cfg.d_model, cfg.d_model) if cfg.output_gate == "elementwise" else None
         self.head_mask: Tensor | None = None  # bool [H]: heads whose output is zeroed before W_O (``merge_heads``)
+        self.plain_attention: Callable | None = None  # stands in for ``attend`` on the plain path (course.heads.gates)
 
     def forward(
         self, x: Tensor, pos: Tensor, cache: KVCache | None, want_weights: bool
@@ -57,7 +59,8 @@ class Attention(nn.Module):
 
         if cache is None:  # a plain forward over the whole sequence: causal attention
             k_pos = pos[:, None, :].expand(b, h, t)
-            y, w = attend(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0, sink_logit=self.sink_logit)
+            plain = self.plain_attention or attend
+            y, w = plain(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0, sink_logit=self.sink_logit)
         else:  # the cache hands back every slot it holds, with the mask its policy implies
             view = cache.update(self.layer_idx, k, v, pos)  # positions are in the embeddings: no rotation
             k_pos = view.positions

@@ -22,6 +22,8 @@ Shapes: B batch, T new tokens, S cached slots, D model width, H / H_kv heads, d 
 from __future__ import annotations
 
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -65,6 +67,7 @@ class Attention(nn.Module):
         # Gated attention (optional): a sigmoid gate per output dimension, computed from x (``OutputGate``).
         self.gate = OutputGate(cfg.d_model, h * d) if cfg.output_gate == "elementwise" else None
         self.head_mask: Tensor | None = None  # bool [H]: heads whose output is zeroed before W_O (``merge_heads``)
+        self.plain_attention: Callable | None = None  # stands in for ``attend`` on the plain path (course.heads.gates)
 
     def forward(
         self, x: Tensor, pos: Tensor, cache: KVCache | None, want_weights: bool
@@ -79,7 +82,8 @@ class Attention(nn.Module):
         if cache is None:  # a plain forward over the whole sequence: causal attention
             k_pos = pos[:, None, :].expand(b, hkv, t)
             q, k = rope(q, pos, theta), rope(k, pos, theta)
-            y, w = attend(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0, sink_logit=self.sink_logit)
+            plain = self.plain_attention or attend
+            y, w = plain(q, k, v, causal=t > 1, weight_rows=t if want_weights else 0, sink_logit=self.sink_logit)
         else:
             if cache.rope_theta is None:
                 # The readable path: the cache hands back every slot, not rotated, with the positions its policy's

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from course.evaluate import NeedleTrial, make_needle_trials, needle_eval
-from course.heads import (copy_hits, head_sink_mass, kv_head_scores, masked_heads, needle_accuracy_masked,
-                          random_heads, retrieval_scores, top_heads, top_share)
+from course.heads import (copy_hits, gated_attention, gated_heads, head_sink_mass, kv_head_scores, masked_heads,
+                          needle_accuracy_masked, optimize_gates, random_heads, retrieval_scores, streaming_mask,
+                          top_heads, top_share)
 from course.policies import FullCache
 
 from tests.conftest import tiny_model
@@ -166,3 +167,59 @@ def test_on_smollm2_masking_the_top_retrieval_heads_loses_the_answer(smollm2):
     top = needle_accuracy_masked(model, trials, top_heads(scores, 8))
     assert top["masked"] == 8 and top["mean_answer_logprob"] < none["mean_answer_logprob"] - 3
     assert head_sink_mass(model, trials[0].prompt).shape == scores.shape
+
+
+def test_the_streaming_mask_keeps_sinks_and_a_window():
+    m = streaming_mask(6, sinks=1, window=2)
+    assert m.int().tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
+                                [1, 0, 1, 1, 0, 0], [1, 0, 0, 1, 1, 0], [1, 0, 0, 0, 1, 1]]
+    with pytest.raises(ValueError, match="window >= 1"):
+        streaming_mask(6, 1, 0)
+
+
+def test_a_gate_of_one_attends_fully_and_of_zero_only_to_sinks_and_window():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n, 10, 4, generator=gen, dtype=torch.float64) for n in (4, 2, 2))
+    y, w = gated_attention(torch.tensor([1.0, 0.0]), sinks=2, window=3)(q, k, v, causal=True)
+    full = torch.softmax((q[:, :2] @ k[:, :1].transpose(-1, -2) / 2).masked_fill(~torch.ones(10, 10).tril().bool(),
+                                                                                 float("-inf")), -1) @ v[:, :1]
+    i, j = torch.arange(10)[:, None], torch.arange(10)[None]
+    seen = (j <= i) & ((j < 2) | (i - j < 3))  # written out again, not streaming_mask
+    stream = torch.softmax((q[:, 2:] @ k[:, 1:].transpose(-1, -2) / 2).masked_fill(~seen, float("-inf")), -1) @ v[:, 1:]
+    assert w is None and torch.allclose(y[:, :2], full) and torch.allclose(y[:, 2:], stream)
+    half, _ = gated_attention(torch.tensor([0.5, 0.5]), sinks=2, window=3)(q, k, v, causal=True)
+    ones, _ = gated_attention(torch.ones(2), sinks=2, window=3)(q, k, v, causal=True)
+    zeros, _ = gated_attention(torch.zeros(2), sinks=2, window=3)(q, k, v, causal=True)
+    assert torch.allclose(half, (ones + zeros) / 2)
+
+
+def test_gated_heads_leave_the_model_as_it_was(family):
+    model = tiny_model(family)
+    c = model.config
+    ids = torch.randint(0, c.vocab_size, (1, 20))
+    with torch.no_grad():
+        plain = model(ids).logits
+        with gated_heads(model, torch.ones(c.n_layer, c.n_kv_head)):
+            assert torch.allclose(model(ids).logits, plain)
+        with gated_heads(model, torch.zeros(c.n_layer, c.n_kv_head), sinks=0, window=20):
+            assert torch.allclose(model(ids).logits, plain)  # a window over everything is full attention
+        with gated_heads(model, torch.zeros(c.n_layer, c.n_kv_head), sinks=1, window=2):
+            assert not torch.allclose(model(ids).logits, plain)
+        assert torch.equal(model(ids).logits, plain)
+    with pytest.raises(ValueError, match="gates must be"):
+        with gated_heads(model, torch.ones(c.n_layer, c.n_kv_head + 1)):
+            pass
+
+
+def test_gates_fall_where_streaming_loses_nothing_and_stay_where_nothing_pulls(family):
+    model = tiny_model(family)
+    weights = [p.clone() for p in model.parameters()]
+    trials = _tiny_trials(model)
+    shape = (model.config.n_layer, model.config.n_kv_head)
+    kept = optimize_gates(model, trials, steps=5, lr=0.1, l1=0.0, window=4)
+    assert torch.equal(kept, torch.ones(shape))  # at 1 the model is the full model: no gradient without L1
+    dropped = optimize_gates(model, trials, steps=15, lr=0.1, l1=0.05, window=64)  # the window covers the prompt
+    assert torch.equal(dropped, torch.zeros(shape))
+    assert all(torch.equal(p, w) and p.requires_grad for p, w in zip(model.parameters(), weights))
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        optimize_gates(model, trials, steps=0)
