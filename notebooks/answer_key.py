@@ -466,14 +466,13 @@ KEY: list[Key] = [
                 f"Ada-KV shares one layer's budget over its {kv_heads} KV heads, {budget} slots per head on average, "
                 f"with a safeguard of\n{safeguard}. How many of the layer's slots are given out by the common "
                 "ranking, after every head has kept its\nsafeguard? (a number)"))),
-    Key("09.q_random_control", "a",
+    Key("09.q_random_control", "c",
         "what would the control measure if one of its heads were a retrieval head?",
-        {"b": "masking any head costs the same: one multiplication by zero",
-         "c": "the best heads may sit in any layers; the number of layers is not what is compared",
+        {"a": "masking any head costs the same: one multiplication by zero",
+         "b": "the best heads may sit in any layers; the layers are not what is compared",
          "d": "the map of section 1 shows the best heads in several layers"},
-        choices=("so that the control cannot mask a retrieval head by chance, and the gap measures what retrieval "
-                 "heads do",
-                 "because random heads are faster to mask",
-                 "so that both conditions mask the same number of layers",
-                 "because the best 8 heads are all in one layer")),
+        choices=("because masking a random head is cheaper to compute",
+                 "so that both conditions mask heads in the same layers",
+                 "so that the control never masks a retrieval head by chance",
+                 "because the best 8 heads all sit in one single layer")),
 ]
