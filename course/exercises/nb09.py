@@ -18,7 +18,7 @@ from course.exercises.core import Wrong, exercise
 from course.exercises.fixtures import close, generator, tiny_model
 from course.exercises.hints import hint
 from course.headwise import adakv_counts, ada_kv
-from course.heads import copy_hits, retrieval_scores
+from course.heads import copy_hits, kv_head_scores, retrieval_scores
 from course.models.base import ModelConfig, ModelOutput
 
 # ----------------------------------------------------------------------------- 1. Ada-KV's budgets
@@ -61,7 +61,33 @@ def _check_counts(fn) -> None:
             raise Wrong(_diagnose_counts(got, scores, budget, safeguard))
 
 
-# ----------------------------------------------------------------------------- 2. build: retrieval scores
+# ----------------------------------------------------------------------------- 2. a KV head's score
+@exercise("09.kv_head_scores", "Exercise 2 (one score per KV head)", fallback=kv_head_scores,
+          shortcuts=(kv_head_scores,))
+def _check_kv_scores(fn) -> None:
+    g = generator(11)
+    for layers, heads, kv in ((4, 6, 2), (3, 8, 4), (2, 4, 4)):
+        scores = torch.rand(layers, heads, generator=g) ** 4
+        want = kv_head_scores(scores, kv)
+        try:
+            got = torch.as_tensor(fn(scores, kv)).double()
+        except (TypeError, RuntimeError, ValueError):
+            raise Wrong("return a [layers, kv_heads] tensor") from None
+        if close(got, want.double()):
+            continue
+        if got.shape != want.shape:
+            raise Wrong(f"return one score per layer and KV head: shape {tuple(want.shape)}, got {tuple(got.shape)}")
+        group = heads // kv
+        if close(got, scores.reshape(layers, kv, group).mean(-1).double()):
+            raise Wrong("take the largest score of the group, not the mean: one retrieving query head is enough "
+                        "for its KV head to need every slot")
+        if close(got, scores.reshape(layers, group, kv).amax(1).double()):
+            raise Wrong("query heads h*G .. h*G+G-1 share KV head h (G = heads / kv_heads): group neighbouring "
+                        "heads, not every kv_heads-th")
+        raise Wrong("per KV head, the largest retrieval score among the query heads that share it")
+
+
+# ----------------------------------------------------------------------------- 3. build: retrieval scores
 # The planted heads of the second model, one per behaviour, and the score the course gives each.
 PLANTED = ("copies", "copies half", "a query late", "outside the needle", "wrong needle token", "sink")
 PLANTED_SCORE = (1.0, 0.5, 0.0, 0.0, 0.0, 0.0)
