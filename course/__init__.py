@@ -10,6 +10,7 @@ What a student's kernel imports
   ``course.storage``             how kept tokens are stored: the protocol, its table, full precision, KIVI
   ``course.function_policy``     policies whose decisions are a notebook's own functions of tensors
   ``course.kvcache``             the KV cache: a policy and a store composed, eviction, prompt compression
+  ``course.headwise``            caches whose heads hold different lengths: DuoAttention, PyramidKV, Ada-KV
   ``course.rope``                the rotary position embedding the models and the cache share
   ``course.models``              models that own their KV cache (one ``Family`` per architecture; ``attend``)
   ``course.compression``         the one prompt-compression step that generation and evaluation share

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from course.headwise import HeadwiseCache, HeadwisePolicy
 from course.kvcache import AttentionView, Chunks, KVCache, cache_bytes_per_token
 from course.models.attend import attend, reference_active
 from course.models.family import family
@@ -164,7 +165,7 @@ class CausalLM(nn.Module):
         return next(self.parameters()).dtype
 
     def new_cache(self, batch: int = 1, policy: Policy | None = None, chunks: Chunks = "prompt",
-                  max_tokens: int | None = None, rotated: bool | None = None) -> KVCache:
+                  max_tokens: int | None = None, rotated: bool | None = None) -> KVCache | HeadwiseCache:
         """An empty cache shaped for this model, managed by ``policy`` (default: keep everything).
 
         ``chunks``: what a forward of several tokens means, ``"prompt"`` (full attention, then
@@ -182,6 +183,9 @@ class CausalLM(nn.Module):
         if rotated is None:  # a quantized store rounds keys before rotation (course.quantize)
             rotated = chunks == "prompt" and not reference_active() and getattr(policy, "quantizer", None) is None
         theta = c.rope_theta if rotated and c.reassigns_positions else None
+        if isinstance(policy, HeadwisePolicy):
+            return HeadwiseCache(policy, batch, c.head_dim, dtype=self.dtype, device=self.device, chunks=chunks,
+                                 max_tokens=max_tokens, rope_theta=theta)
         return KVCache(c.n_layer, batch, c.n_kv_head, c.head_dim, policy=policy, dtype=self.dtype, device=self.device,
                        chunks=chunks, max_tokens=max_tokens, rope_theta=theta)
 
