@@ -72,13 +72,14 @@ def bench_headwise(model: CausalLM, ids: Tensor, prompt: int, budget: int, steps
     if not SINKS + 2 <= budget < prompt <= ids.shape[1]:
         raise ValueError(f"need {SINKS + 2} <= budget < prompt <= tokens of ids ({ids.shape[1]}), got budget={budget},"
                          f" prompt={prompt}")
-    caches = {name: compress_prompt(model, ids[:, :prompt], policy)[0]
-              for name, policy in _contenders(model, ids, prompt, budget).items()}
+    policies = _contenders(model, ids, prompt, budget)
+    caches = {name: compress_prompt(model, ids[:, :prompt], policy)[0] for name, policy in policies.items()}
     sizes = {name: cache.bytes_at(2) for name, cache in caches.items()}  # before the timed steps add tokens
     token = ids[:, prompt : prompt + 1]
     med = alternate({name: _decode(model, cache, token, steps) for name, cache in caches.items()}, reps, 1,
                     model.device)
-    rows = {name: {"ms_per_token": 1e3 * med[name] / steps, "bytes": sizes[name],
+    rows = {name: {"label": "full" if policies[name] is None else policies[name].label,
+                   "ms_per_token": 1e3 * med[name] / steps, "bytes": sizes[name],
                    "time_over_snapkv": med[name] / med["snapkv"], "bytes_over_snapkv": sizes[name] / sizes["snapkv"]}
             for name in caches}
     return {"prompt": prompt, "budget": budget, "rows": rows}
@@ -88,8 +89,8 @@ def headwise_table(h: dict) -> str:
     """The head-wise rows as a markdown table."""
     lines = [f"Head-wise caches after a {h['prompt']}-token prompt, {h['budget']} slots per KV head on average "
              "(16-bit bytes), ratios to uniform SnapKV at the same budget:", "",
-             "| cache | ms/token | KiB | time / SnapKV | bytes / SnapKV |", "|---|---|---|---|---|"]
+             "| cache | policy | ms/token | KiB | time / SnapKV | bytes / SnapKV |", "|---|---|---|---|---|---|"]
     for name, r in h["rows"].items():
-        lines.append(f"| {name} | {r['ms_per_token']:.2f} | {r['bytes'] / 1024:.0f} | {r['time_over_snapkv']:.2f} | "
-                     f"{r['bytes_over_snapkv']:.2f} |")
+        lines.append(f"| {name} | {r['label']} | {r['ms_per_token']:.2f} | {r['bytes'] / 1024:.0f} | "
+                     f"{r['time_over_snapkv']:.2f} | {r['bytes_over_snapkv']:.2f} |")
     return "\n".join(lines) + "\n"

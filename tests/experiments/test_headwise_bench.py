@@ -44,7 +44,7 @@ def test_the_head_wise_bench_refuses_bad_sizes():
 
 
 def test_the_head_wise_table_renders():
-    rows = {name: {"ms_per_token": 1.5, "bytes": 4096, "time_over_snapkv": 1.25, "bytes_over_snapkv": 1.0}
-            for name in CONTENDERS}
+    rows = {name: {"label": name, "ms_per_token": 1.5, "bytes": 4096, "time_over_snapkv": 1.25,
+                   "bytes_over_snapkv": 1.0} for name in CONTENDERS}
     text = headwise_table({"prompt": 48, "budget": 16, "rows": rows})
-    assert "| ada_kv | 1.50 | 4 | 1.25 | 1.00 |" in text and "48-token prompt" in text
+    assert "| ada_kv | ada_kv | 1.50 | 4 | 1.25 | 1.00 |" in text and "48-token prompt" in text
