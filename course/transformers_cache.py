@@ -61,12 +61,15 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache
 
+from course.headwise import HeadwiseCache, HeadwisePolicy
 from course.kvcache import KVCache
 from course.policies import Policy
 from course.transformers_glue import (
     DECODING,
     WEIGHTS_IMPLEMENTATION,
     Hook,
+    course_cache,
+    head_mask,
     PolicyLayer,
     UnsupportedCombination,
     course_config,
@@ -103,7 +106,7 @@ class PolicyCache(Cache):
             raise UnsupportedCombination(f"found {len(attentions)} attention modules in {type(model).__name__} for "
                                          f"{self.config.n_layer} layers: this architecture is not supported")
         super().__init__(layers=[PolicyLayer(self, i) for i in range(self.config.n_layer)])
-        self.kv: KVCache | None = None
+        self.kv: KVCache | HeadwiseCache | None = None
         self._ids: Tensor | None = None  # [B, capacity] the stream's token ids so far (a continuation must repeat them)
         self._active = False
         self._tokens = 0
@@ -112,6 +115,8 @@ class PolicyCache(Cache):
                  base.register_forward_hook(Hook(self, "_after"), with_kwargs=True)]
         if needs_attention_weights(policy):
             hooks += [m.register_forward_hook(Hook(self, "_observe")) for m in attentions]
+        if isinstance(policy, HeadwisePolicy):  # heads of different lengths: a mask per head at every decode step
+            hooks += [m.register_forward_pre_hook(Hook(self, "_head_mask"), with_kwargs=True) for m in attentions]
         self._hooks = hooks
         install_check(model)
         self._finalizer = weakref.finalize(self, release, hooks, weakref.ref(model))
@@ -241,12 +246,7 @@ class PolicyCache(Cache):
                 "new PolicyCache or call cache.reset()")
         self._check_positions(self.seen + t, "this forward")  # GPT-2: by name, before its IndexError
         if self.kv is None:
-            start = self._left_padding(mask, b, t)
-            c = self.config
-            self.kv = KVCache(c.n_layer, b, c.n_kv_head, c.head_dim, policy=self.policy, dtype=self.model.dtype,
-                              device=self.model.device, chunks="prompt",
-                              rope_theta=c.rope_theta if c.reassigns_positions else None)
-            self.kv.start = start
+            self.kv = course_cache(self.policy, self.config, b, self.model, self._left_padding(mask, b, t))
             self._ids = None if ids is None else torch.full((b, max(64, 2 * t)), -1, dtype=torch.long,
                                                             device=ids.device)
         elif b != self.kv.shape[1]:
@@ -324,6 +324,14 @@ class PolicyCache(Cache):
             weights = weights.masked_fill((self._pos < 0)[:, None, :, None], 0.0)
         self.kv.observe(module.layer_idx, weights)
 
+    def _head_mask(self, module, args, kwargs):
+        """Attention-module pre-hook under a ``HeadwisePolicy``: a decode step attends with each head's own slots
+        (``head_mask``; a prompt's forward finds every head holding the same tokens, under transformers' mask)."""
+        if not self._active or self._tokens > 1:
+            return None
+        kwargs["attention_mask"] = head_mask(self.kv, module.layer_idx, self.config.n_head, self.model.dtype)
+        return args, kwargs
+
     # ----------------------------------------------------------------------------- the layer's calls
     def _update(self, layer_idx: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         kv = self.kv
@@ -338,6 +346,8 @@ class PolicyCache(Cache):
 
     def _slots_after(self, query_length: int) -> int:
         """How many slots every layer attends with after storing ``query_length`` new tokens."""
+        if isinstance(self.kv, HeadwiseCache):
+            return int(self.kv.lengths_after(0, query_length).max())
         n = 0 if self.kv is None else self.kv.layers[0].length
         budget = self.policy.budget
         if query_length == 1 and budget is not None and n >= budget:

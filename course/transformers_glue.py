@@ -1,21 +1,25 @@
 """The glue between a ``PolicyCache`` (``course.transformers_cache``) and transformers: its per-layer ``Cache``
-layers, the hooks it puts on the model (holding it weakly), the check it puts in front of ``model.generate``, and
-what it refuses (``UnsupportedCombination``)."""
+layers, the course cache it keeps its slots in (``course_cache``) and, when the heads hold different lengths, the
+per-head mask it hands transformers' attention (``head_mask``), the hooks it puts on the model (holding it weakly),
+the check it puts in front of ``model.generate``, and what it refuses (``UnsupportedCombination``)."""
 
 from __future__ import annotations
 
 import types
 import weakref
 
+import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from course.headwise import HeadwiseCache, HeadwisePolicy
+from course.kvcache import KVCache
 from course.models import config_from_hf
 from course.models.base import ModelConfig
 from course.policies import Policy
 
 __all__ = ["PolicyLayer", "UnsupportedCombination", "course_config", "needs_attention_weights", "Hook", "no_crop",
-           "install_check", "release", "WEIGHTS_IMPLEMENTATION", "DECODING"]
+           "install_check", "release", "WEIGHTS_IMPLEMENTATION", "DECODING", "course_cache", "head_mask"]
 
 WEIGHTS_IMPLEMENTATION = "eager"  # the only attention implementation of transformers that returns weights
 DECODING = ("greedy_search", "sample", "beam_search", "beam_sample")  # generate's modes that never undo a step
@@ -35,6 +39,36 @@ def course_config(hf_model) -> ModelConfig:
 def needs_attention_weights(policy: Policy) -> bool:
     """Does the policy read attention weights (H2O while decoding, SnapKV after a prompt)?"""
     return policy.attention_rows(1) > 0 or policy.attention_rows(2) > 0
+
+
+def course_cache(policy: Policy, config: ModelConfig, batch: int, model,
+                 start: Tensor | None) -> KVCache | HeadwiseCache:
+    """The course cache a ``PolicyCache`` keeps its slots in, for a prompt of ``batch`` rows (``start``: [B] each
+    row's left padding, or None): keys arrive rotated at their original positions (RoPE models). A
+    ``HeadwisePolicy`` gets a ``HeadwiseCache`` (rows without padding only)."""
+    theta = config.rope_theta if config.reassigns_positions else None
+    if isinstance(policy, HeadwisePolicy):
+        if start is not None:
+            raise UnsupportedCombination(f"{policy.label} holds different lengths per head, which PolicyCache runs "
+                                         "for prompts without padding only: generate one prompt at a time")
+        return HeadwiseCache(policy, batch, config.head_dim, dtype=model.dtype, device=model.device, rope_theta=theta)
+    kv = KVCache(config.n_layer, batch, config.n_kv_head, config.head_dim, policy=policy, dtype=model.dtype,
+                 device=model.device, chunks="prompt", rope_theta=theta)
+    kv.start = start
+    return kv
+
+
+def head_mask(kv: HeadwiseCache, layer_idx: int, n_heads: int, dtype: torch.dtype) -> Tensor:
+    """The additive mask [B, H, 1, S_max] of one decode step of a layer of a ``HeadwiseCache``: 0 over the slots
+    each query head's KV head will hold after the step (the first ``lengths_after`` of the padded view), the
+    dtype's lowest number over the padding. transformers' eager and sdpa attention add it to the scores of every
+    query head (GQA: query head q reads KV head q // G)."""
+    lengths = kv.lengths_after(layer_idx, 1)  # [H_kv]
+    device = kv.layers[layer_idx].keys.device
+    real = torch.arange(int(lengths.max()), device=device) < lengths.to(device)[:, None]  # [H_kv, S_max]
+    real = real.repeat_interleave(n_heads // lengths.shape[0], dim=0)  # [H, S_max]
+    mask = torch.zeros(kv.shape[1], n_heads, 1, real.shape[1], dtype=dtype, device=device)
+    return mask.masked_fill_(~real[None, :, None], torch.finfo(dtype).min)
 
 
 class PolicyLayer(CacheLayerMixin):

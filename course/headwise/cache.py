@@ -169,6 +169,16 @@ class HeadwiseCache:
         self.shape = (self.shape[0], int(index.shape[0]), *self.shape[2:])
 
     # ----------------------------------------------------------------------------- sizes and contents
+    def lengths_after(self, layer_idx: int, n_new: int) -> Tensor:
+        """Slots each KV head of a layer will attend with once ``n_new`` new tokens are stored: [H_kv] long (a
+        single token at a full budgeted part takes an evicted slot, ``KVCache.update``'s rule). The view's first
+        that many slots of each head are real, the rest padding."""
+        out = torch.zeros(self.shape[2], dtype=torch.long)
+        for idx, cache in self.parts[layer_idx]:
+            n, budget = cache.layers[0].length, cache.policy.budget
+            out[idx.cpu()] = n if n_new == 1 and budget is not None and n >= budget else n + n_new
+        return out
+
     def slots_per_head(self) -> Tensor:
         """Slots each KV head of each layer holds: [L, H_kv] long (every batch row holds as many)."""
         out = torch.zeros(self.shape[0], self.shape[2], dtype=torch.long)

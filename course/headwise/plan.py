@@ -99,6 +99,10 @@ class HeadwisePolicy(Policy):
     def prompt_budget(self) -> None:
         return None
 
+    def attention_rows(self, n_queries: int) -> int:
+        """The most rows of attention weights any part's policy reads (each part takes its own share)."""
+        return max(p.attention_rows(n_queries) for p in self.plan.policies())
+
     def check_model(self, config) -> None:
         """Refuse a plan shaped for another model, and any part's policy the model cannot run."""
         if (self.plan.n_layers, self.plan.n_kv_heads) != (config.n_layer, config.n_kv_head):
