@@ -19,6 +19,8 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 echo "== installing the course package and its tools"
 python -m pip install -q -e ".[dev]"
+echo "== installing the kvpress peer without its dependencies (it pins an older transformers: see the file)"
+python -m pip install -q --no-deps -r scripts/kvpress-peer.txt
 echo "== fetching the offline model and corpus (once)"
 python -m course fetch
 echo "== training notebook 06's tiny models (once: stored in the course cache)"

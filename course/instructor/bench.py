@@ -9,6 +9,8 @@ context only. ``python -m course bench [--quick] [--json]`` runs them all:
 * evaluator: the exact chunked evaluator vs the token-by-token decode loop (and their NLL difference);
 * policies: per-token time and cache bytes vs tokens streamed for full, window, StreamingLLM, H2O
   and SnapKV, plus the overhead of H2O and SnapKV relative to StreamingLLM;
+* head-wise caches: DuoAttention-style at equal bytes, Ada-KV and PyramidKV against uniform budgets after the same
+  prompt (``course.instructor.headwise_bench``);
 * peak memory of the process (RSS on CPU, max allocated on CUDA).
 
 For the policy sweep, the cache is put into the state it has after ``t`` streamed tokens by
@@ -32,6 +34,7 @@ from course.data import load_text, tokenize
 from course.models import load_hf_model, load_model
 from course.models.base import CausalLM
 from course.compression import compress_prompt
+from course.instructor.headwise_bench import bench_headwise, headwise_table
 from course.policies import make_policy
 from course.streaming import decode_stream, exact_stream
 from course.timing import alternate, bench_policies, streaming_vs_recompute
@@ -146,6 +149,12 @@ def run_bench(model_name: str = "smollm2-135m", device: str = "auto", quick: boo
         f"snapkv/streaming {out['policies']['snapkv_over_streaming']:.2f}")
     out["snapkv_prefill"] = bench_snapkv_prefill(model, ids, 1024, 256, reps=3 if quick else 5)
 
+    say("== head-wise caches vs uniform budgets")
+    prompt = 512 if quick else 1024
+    out["headwise"] = bench_headwise(model, ids, prompt if limit is None else min(prompt, limit // 2),
+                                     budget=64 if quick else 128, steps=2 if quick else 4, reps=3 if quick else 5)
+    say(f"   {headwise_table(out['headwise'])}")
+
     out["memory"] = peak_memory(dev)
     out["seconds"] = time.perf_counter() - t0
     out["ratios"] = {
@@ -155,6 +164,8 @@ def run_bench(model_name: str = "smollm2-135m", device: str = "auto", quick: boo
         "h2o_over_streaming_per_token": out["policies"]["h2o_over_streaming"],
         "snapkv_over_streaming_per_token": out["policies"]["snapkv_over_streaming"],
         "snapkv_prefill_over_plain_prefill": out["snapkv_prefill"]["ratio"],
+        **{f"{name}_over_snapkv_{what}": row[f"{what}_over_snapkv"] for name, row in out["headwise"]["rows"].items()
+           if name in ("duo_attention", "ada_kv", "pyramid_kv") for what in ("time", "bytes")},
         "full_cache_growth_ms": out["policies"]["per_policy"]["full"]["ms_per_token"][-1]
         / out["policies"]["per_policy"]["full"]["ms_per_token"][0],
         "streaming_growth_ms": out["policies"]["per_policy"]["streaming"]["ms_per_token"][-1]
@@ -217,5 +228,6 @@ def markdown_tables(r: dict) -> str:
               f"{p['budget']} slots and then keeps every decoded token, so its cache grows again.",
               f"Per token at the same budget: H2O / StreamingLLM {p['h2o_over_streaming']:.2f} (longest stream); "
               f"SnapKV / StreamingLLM {p['snapkv_over_streaming']:.2f} (right after the prompt).", "",
+              headwise_table(r["headwise"]),
               f"Peak memory: {', '.join(f'{k} {v:.0f}' for k, v in r['memory'].items())}; total {r['seconds']:.0f} s."]
     return "\n".join(lines) + "\n"

@@ -58,9 +58,13 @@ def test_markdown_tables_render():
         "policies": {"budget": 4, "h2o_over_streaming": 1.5, "snapkv_over_streaming": 1.0,
                      "per_policy": {name: {"tokens": [1, 2], "ms_per_token": [1.0, 2.0], "cache_bytes": [1, 2]}
                                     for name in ("full", "snapkv")}},
+        "headwise": {"prompt": 8, "budget": 4, "rows": {"ada_kv": {
+            "label": "adakv(4)", "ms_per_token": 1.0, "bytes": 2048, "time_over_snapkv": 1.1,
+            "bytes_over_snapkv": 1.0}}},
     }
     text = markdown_tables(fake)
     assert "| decode, 16-token context |" in text and "t=2" in text
+    assert "| ada_kv | adakv(4) | 1.00 | 2 | 1.10 | 1.00 |" in text
 
 
 def test_compressed_prompt_speedup_times_both_caches_at_every_length():
