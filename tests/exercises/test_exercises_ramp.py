@@ -174,6 +174,18 @@ WRONG_RAMP: dict[str, list[tuple[Callable, str]]] = {
         (lambda v, bits, group: _fake_quantize(v, bits, 2), "per token"),
         (lambda v, bits, group: v, "expected each token's channels"),
     ],
+    "09.adakv_counts": [
+        (lambda scores, budget, safeguard: torch.full((scores.shape[0],), budget), "one top-k over all"),
+        (lambda scores, budget, safeguard: torch.bincount(
+            scores.flatten().topk(scores.shape[0] * budget).indices // scores.shape[1], minlength=scores.shape[0]),
+         "first give every head its safeguard"),
+        (lambda scores, budget, safeguard: torch.full((scores.shape[0],), budget + 1), "exactly H_kv x budget"),
+    ],
+    "09.kv_head_scores": [
+        (lambda scores, kv: scores.reshape(scores.shape[0], kv, -1).mean(-1), "not the mean"),
+        (lambda scores, kv: scores.reshape(scores.shape[0], -1, kv).amax(1), "group neighbouring heads"),
+        (lambda scores, kv: scores, "one score per layer and KV head"),
+    ],
     "07.my_policy": [
         (_recency_by_slot, "slot index"),
         (_pin_sinks_and_recent, "budget"),
