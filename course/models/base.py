@@ -223,6 +223,9 @@ class CausalLM(nn.Module):
             raise ValueError("ids is empty: give at least one token")
         b, t = ids.shape
         if cache is not None:
+            if any(getattr(block.attn, "plain_attention", None) is not None for block in self.blocks):
+                raise ValueError("gated heads (course.heads.gated_heads) act on forwards without a cache only: "
+                                 "call the model without cache= inside gated_heads")
             c = self.config
             if cache.shape != (c.n_layer, b, c.n_kv_head, c.head_dim):
                 raise ValueError(
