@@ -206,7 +206,8 @@ def test_gated_heads_leave_the_model_as_it_was(family):
         with gated_heads(model, torch.zeros(c.n_layer, c.n_kv_head), sinks=1, window=2):
             assert not torch.allclose(model(ids).logits, plain)
         assert torch.equal(model(ids).logits, plain)
-        with gated_heads(model, torch.zeros(c.n_layer, c.n_kv_head)), pytest.raises(ValueError, match="without a cache"):
+        gated = gated_heads(model, torch.zeros(c.n_layer, c.n_kv_head))
+        with gated, pytest.raises(ValueError, match="without a cache"):
             model(ids, cache=model.new_cache(1))  # a cache would bypass the gates: refused, not ignored
     with pytest.raises(ValueError, match="gates must be"):
         with gated_heads(model, torch.ones(c.n_layer, c.n_kv_head + 1)):
