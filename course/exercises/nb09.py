@@ -148,15 +148,18 @@ class PlantedModel:
         return (weights / weights.sum(-1, keepdim=True))[None]
 
 
-def _copy_rule_scores(model: PlantedModel, trials: list[NeedleTrial]) -> Tensor:
-    """The course's copy rule (``course.heads.copy_hits``) on the planted maps, averaged over the trials: [L, H]."""
+@torch.inference_mode()
+def _scores_with_course(model, trials: list[NeedleTrial]) -> Tensor:
+    """AUTOFILL's retrieval scores, and the oracle on the planted model: the course's copy rule
+    (``course.heads.copy_hits``) over each trial's attention maps (the prompt and the answer in one forward, the rows
+    of the queries that produce the answer), averaged over the trials: [L, H]."""
     rates = []
     for trial in trials:
         ids, p = torch.cat([trial.prompt[0], trial.answer]), trial.prompt.shape[1]
-        maps = model(ids[None], output_attentions=True).attentions
-        slots = torch.arange(ids.shape[0]).expand(maps[0].shape[1], -1)  # [H_kv, S]: slot s holds position s
-        rates.append(torch.stack([copy_hits(m[0, :, p - 1:-1], slots, trial.prompt[0], trial.answer, trial.needle)
-                                  .double().mean(-1) for m in maps]))
+        maps = model(ids[None].to(model.device), output_attentions=True).attentions
+        slots = torch.arange(ids.shape[0]).expand(maps[0].shape[1], -1)  # [H, S]: slot s holds position s
+        rates.append(torch.stack([copy_hits(m[0, :, p - 1:-1].double().cpu(), slots, trial.prompt[0].cpu(),
+                                            trial.answer.cpu(), trial.needle).double().mean(-1) for m in maps]))
     return torch.stack(rates).mean(0)
 
 
@@ -188,11 +191,11 @@ def _diagnose_scores(got: Tensor, n_trials: int) -> str:
 
 
 @exercise("09.retrieval_scores", "Build exercise (the retrieval score of every head)", points=6, kind="build",
-          fallback=retrieval_scores, shortcuts=(retrieval_scores, copy_hits))
+          fallback=_scores_with_course, shortcuts=(retrieval_scores, copy_hits))
 def _check_retrieval_scores(fn) -> None:
     trials = [_planted_trial(s) for s in (1, 2)]
     model = PlantedModel(n_layer=3)
-    want = _copy_rule_scores(model, trials)
+    want = _scores_with_course(model, trials)
     if not close(want, _planted_scores(3), 1e-9):  # the oracle itself, on heads whose score is known
         raise RuntimeError("the course's retrieval score disagrees with the planted heads")
     try:
