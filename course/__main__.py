@@ -33,8 +33,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m course", description="attention-sinks-course tools")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="python -m course", description="attention-sinks-course tools", epilog=cli.groups_help(),
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in cli.COMMANDS:
         command.add_parser(sub)
     args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ This module imports nothing of the course: both rooms (the student's kernel and 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["Notebook", "NOTEBOOKS", "notebooks", "notebook", "FAST_BUDGET_S", "FAST_BUDGET_ALL_S", "readme_table",
@@ -97,18 +98,25 @@ def notebook(key: str) -> Notebook:
     raise ValueError(f"unknown notebook {key!r}; the course has {', '.join(nb.name for nb in notebooks())}")
 
 
-TABLE = re.compile(r"^\| notebook \| teaches \|\n\|---\|---\|\n(?:\|.*\|\n?)*", re.M)
+TABLE = re.compile(r"^\| notebook \| teaches \|[^\n]*\n\|---\|---\|[^\n]*\n(?:\|.*\|\n?)*", re.M)
+FAST_COLUMN = "FAST, 2 cores"
 
 
-def readme_table() -> str:
-    """The README's table of notebooks (``| `NN_name` | what it teaches |``), ending with a newline."""
-    rows = [f"| `{nb.name}` | {nb.teaches} |" for nb in notebooks()]
-    return "\n".join(["| notebook | teaches |", "|---|---|", *rows]) + "\n"
+def readme_table(fast_times: Mapping[str, str] | None = None) -> str:
+    """The README's table of notebooks (``| `NN_name` | what it teaches |``), ending with a newline. With
+    ``fast_times`` ({name: "1 min 03 s"}, docs/notebook-times.md's FAST column) a third column gives each
+    notebook's FAST wall time ("not measured" where it has none)."""
+    if fast_times is None:
+        rows = [f"| `{nb.name}` | {nb.teaches} |" for nb in notebooks()]
+        return "\n".join(["| notebook | teaches |", "|---|---|", *rows]) + "\n"
+    rows = [f"| `{nb.name}` | {nb.teaches} | {fast_times.get(nb.name, 'not measured')} |" for nb in notebooks()]
+    return "\n".join([f"| notebook | teaches | {FAST_COLUMN} |", "|---|---|---|", *rows]) + "\n"
 
 
-def with_readme_table(readme: str) -> str:
-    """``readme`` with its table of notebooks replaced by ``readme_table()`` (ValueError when it has none)."""
+def with_readme_table(readme: str, fast_times: Mapping[str, str] | None = None) -> str:
+    """``readme`` with its table of notebooks replaced by ``readme_table(fast_times)`` (ValueError when it has
+    none)."""
     found = TABLE.search(readme)
     if found is None:
         raise ValueError("the README has no table of notebooks (a '| notebook | teaches |' header, then '|---|---|')")
-    return readme[: found.start()] + readme_table() + readme[found.end():]
+    return readme[: found.start()] + readme_table(fast_times) + readme[found.end():]

@@ -16,6 +16,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from course import syllabus
 from course.__main__ import main
 from course.exercises.core import REGISTRY
+from course.instructor.syllabus_files import fast_times, fresh_readme
 
 ROOT = Path(__file__).resolve().parents[1]
 THROWAWAY = syllabus.Notebook("10_throwaway", "a lesson made up by this test", "throwaway_nb10", fast_budget_s=60)
@@ -33,7 +34,22 @@ def _check_double(fn):
 def test_the_syllabus_is_the_notebooks_on_disk_and_the_readmes_table():
     assert [nb.file for nb in syllabus.notebooks()] == sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert syllabus.readme_table() in readme and syllabus.with_readme_table(readme) == readme
+    times = fast_times(ROOT)
+    assert times is not None and set(times) == {nb.name for nb in syllabus.notebooks()}
+    assert syllabus.readme_table(times) in readme and syllabus.with_readme_table(readme, times) == readme
+
+
+def test_the_readmes_fast_column_follows_the_measured_times(tmp_path):
+    """A new FAST table in docs/notebook-times.md makes the README's table stale until release writes it again."""
+    (tmp_path / "docs").mkdir()
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    times = (ROOT / "docs" / "notebook-times.md").read_text(encoding="utf-8")
+    times = times.replace("| 01_kv_cache | 0 min", "| 01_kv_cache | 7 min")
+    (tmp_path / "docs" / "notebook-times.md").write_text(times, encoding="utf-8")
+    row = next(line for line in fresh_readme(tmp_path / "README.md").splitlines() if line.startswith("| `01_kv_cache`"))
+    assert row.endswith(" | 7 min 15 s |"), row
+    (tmp_path / "docs" / "notebook-times.md").unlink()  # no measured times: the two-column table
+    assert syllabus.readme_table() in fresh_readme(tmp_path / "README.md")
     assert syllabus.notebook("08").name == "08_quantize_or_evict"
 
 

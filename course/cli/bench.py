@@ -97,11 +97,16 @@ def _bench_notebooks(args: argparse.Namespace) -> dict:
     check_mergeable(report, args.fast, args.competing, {p.stem for p in paths})  # before hours of notebooks
     rows = time_notebooks(paths, Path(args.out) / "notebooks", args.fast, args.competing, verbose=not args.json)
     write_times(rows, report, args.fast, notebooks=[p.stem for p in every])
+    readme = None
+    if args.fast and report.resolve() == Path(args.notebook_dir).resolve().parent / "docs" / "notebook-times.md":
+        from course.instructor.syllabus_files import write_readme_table
+
+        readme = write_readme_table(Path(args.notebook_dir))  # the front page's FAST column follows the table
     if not args.json:
         print(times_table(rows))
         if args.fast:
             print(budget_verdict(rows))
-        print(f"Saved: {report}")
+        print(f"Saved: {report}" + (f" and the FAST column of {readme}" if readme else ""))
     return {"rows": rows, "report": str(report)}
 
 

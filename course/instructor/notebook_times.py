@@ -22,7 +22,7 @@ from course import syllabus
 from course.threads import competing_process, cpu_cores
 
 __all__ = ["execute_notebook", "time_notebooks", "times_table", "read_times", "budget_verdict", "write_times",
-           "check_mergeable", "fast_budget_s"]
+           "check_mergeable", "fast_budget_s", "format_minutes"]
 
 
 @contextmanager
@@ -78,7 +78,8 @@ def time_notebooks(paths: Sequence[Path], out_dir: Path, fast: bool, competing: 
     return rows
 
 
-def _minutes(seconds: float) -> str:
+def format_minutes(seconds: float) -> str:
+    """``75`` -> ``"1 min 15 s"``: how the tables write a wall time."""
     return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
 
 
@@ -89,8 +90,8 @@ def times_table(rows: list[dict]) -> str:
     lines = [head, "|---|---|---|" if competing else "|---|---|"]
     keys = ["quiet_s"] + (["competing_s"] if competing else [])
     for r in rows:
-        lines.append(f"| {r['notebook']} | " + " | ".join(_minutes(r[k]) for k in keys) + " |")
-    lines.append("| **all** | " + " | ".join(f"**{_minutes(sum(r[k] for r in rows))}**" for k in keys) + " |")
+        lines.append(f"| {r['notebook']} | " + " | ".join(format_minutes(r[k]) for k in keys) + " |")
+    lines.append("| **all** | " + " | ".join(f"**{format_minutes(sum(r[k] for r in rows))}**" for k in keys) + " |")
     return "\n".join(lines)
 
 
@@ -135,9 +136,9 @@ def fast_budget_s(name: str) -> int:
 def budget_verdict(rows: list[dict]) -> str:
     """One line: does every column meet the FAST budget (3 min per notebook, 15 min in all)? Names what does not."""
     keys = [k for k in ("quiet_s", "competing_s") if all(k in r for r in rows)]
-    over = [f"{r['notebook']} ({k[:-2]}, {_minutes(r[k])})" for k in keys for r in rows
+    over = [f"{r['notebook']} ({k[:-2]}, {format_minutes(r[k])})" for k in keys for r in rows
             if r[k] > fast_budget_s(r["notebook"])]
-    over += [f"all ({k[:-2]}, {_minutes(sum(r[k] for r in rows))})" for k in keys
+    over += [f"all ({k[:-2]}, {format_minutes(sum(r[k] for r in rows))})" for k in keys
              if sum(r[k] for r in rows) > FAST_BUDGET_S["all"]]
     budget = f"{FAST_BUDGET_S['notebook'] // 60} min per notebook, {FAST_BUDGET_S['all'] // 60} min in all"
     return f"FAST budget ({budget}): " + ("met in every column." if not over else "over in " + "; ".join(over) + ".")

@@ -1,19 +1,18 @@
-"""The course as a static site: every executed notebook as one HTML page, a landing page, a benchmarks page,
-the references and the reproduction table.
+"""The course as a static site: every executed notebook as one HTML page, a landing page, every page of docs/
+(the benchmarks, the references, the reproduction table, ...) and their index.
 
     python -m course site [--from outputs] [--out site] [--partial]
 
 Each notebook becomes a page through nbconvert's ``lab`` template (the look of JupyterLab; figures are
 already inside the executed notebook as PNG data and stay in the page, so a page is one file). nbconvert is
 what the notebooks' own tools (papermill, nbval, JupyterLab) already install, and it needs no Node or MyST
-tool chain; the rest — the landing page with the README's introduction and the table of notebooks
-(``course.syllabus``, which also gives the pages' order), the benchmarks page rendered
-from ``docs/benchmarks.md`` (and ``docs/notebook-times.md`` when it exists) and a bar of links on every page
-(index, benchmarks, references, reproductions, previous and next notebook, Colab where the course's home is
-set) — is a few lines here. ``docs/references.md`` becomes ``references.html``; ``reproductions.html`` is
-the reproduction table of the executed notebooks shown (``course.instructor.reproductions``;
-``docs/reproductions.md`` where they recorded no rows); the notebooks' links to them
-(``../docs/references.md``) are pointed at those pages.
+tool chain; the rest — the landing page with the README and its table of notebooks (``course.syllabus``,
+which also gives the pages' order), one page per docs/*.md (``course.instructor.site_docs``: docs/README.md is
+``docs.html``, docs/NAME.md ``NAME.html``) and a bar of links on every page (index, docs, benchmarks, references,
+reproductions, previous and next notebook, Colab where the course's home is set) — is a few lines here.
+``reproductions.html`` is the reproduction table of the executed notebooks shown
+(``course.instructor.reproductions``; ``docs/reproductions.md`` where they recorded no rows). Every link between
+the course's markdown pages (``../docs/references.md#gpt-oss``) is pointed at the site's page.
 
 A notebook that was not executed, or that holds an error output, is refused: the site shows results, so a
 page without them would be a silent failure. With ``partial=True`` notebooks missing from the folder are
@@ -30,18 +29,22 @@ from pathlib import Path
 import nbformat
 
 from course import syllabus
+from course.instructor.site_docs import DOCS_INDEX, doc_sources, heading_ids, site_links
+from course.instructor.syllabus_files import fast_times
 from course.syllabus import Notebook
 
-__all__ = ["check_executed", "build_site", "INDEX", "BENCHMARKS", "REFERENCES", "REPRODUCTIONS"]
+__all__ = ["check_executed", "build_site", "INDEX", "DOCS_INDEX", "BENCHMARKS", "REFERENCES", "REPRODUCTIONS"]
 
 INDEX, BENCHMARKS = "index.html", "benchmarks.html"
 REFERENCES, REPRODUCTIONS = "references.html", "reproductions.html"
-DOC_PAGES = {REFERENCES: ("References", "references.md", "No references page: docs/references.md is missing."),
+# the pages every build writes, with what they say when their docs/ page is missing
+DOC_PAGES = {DOCS_INDEX: ("Documentation", "README.md", "No index of the documentation: docs/README.md is missing."),
+             BENCHMARKS: ("Benchmarks", "benchmarks.md",
+                          "No benchmark has been recorded (<code>python -m course bench</code>)."),
+             REFERENCES: ("References", "references.md", "No references page: docs/references.md is missing."),
              REPRODUCTIONS: ("Reproductions", "reproductions.md",
                              "No reproduction table has been written (<code>python -m course reproductions</code>).")}
-DOC_LINK = re.compile(r'href="(?:\.\./)*(?:docs/)?(references|reproductions)\.md(#[^"]*)?"')
 IMAGE = re.compile(r'(<img[^>]*\bsrc=")([^":#?]+)(")')  # a relative image path in rendered markdown
-BENCH_DOCS = ("benchmarks.md", "notebook-times.md")
 
 CSS = """
 .course-nav { display: flex; gap: 1.2em; align-items: center; flex-wrap: wrap; padding: 0.6em 1em;
@@ -93,8 +96,9 @@ def _run_line(nb: nbformat.NotebookNode) -> str:
 
 def _nav(entries: list[Notebook], built: set[str], here: str, colab: dict[str, str]) -> str:
     """The bar of links at the top and bottom of every page."""
-    links = [f'<a href="{INDEX}" rel="index">Index</a>', f'<a href="{BENCHMARKS}">Benchmarks</a>',
-             f'<a href="{REFERENCES}">References</a>', f'<a href="{REPRODUCTIONS}">Reproductions</a>']
+    links = [f'<a href="{INDEX}" rel="index">Index</a>', f'<a href="{DOCS_INDEX}">Docs</a>',
+             f'<a href="{BENCHMARKS}">Benchmarks</a>', f'<a href="{REFERENCES}">References</a>',
+             f'<a href="{REPRODUCTIONS}">Reproductions</a>']
     names = [e.name for e in entries if e.name in built]
     if here in names:
         i = names.index(here)
@@ -126,11 +130,6 @@ def _inline_markdown(text: str) -> str:
     return re.sub(r"^\s*<p>(.*)</p>\s*$", r"\1", _markdown(text), flags=re.S)
 
 
-def _doc_links(rendered: str) -> str:
-    """Point links to docs/references.md and docs/reproductions.md at their pages on the site."""
-    return DOC_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', rendered)
-
-
 def _copy_images(rendered: str, src_dir: Path, out: Path) -> str:
     """Copy the images a rendered markdown page refers to (relative paths) into ``out`` beside it."""
     def copy(m: re.Match) -> str:
@@ -159,24 +158,32 @@ def _colab_links(root: Path, entries: list[Notebook]) -> tuple[dict[str, str], s
 
 
 def _index(readme: str, entries: list[Notebook], built: set[str], colab: dict[str, str], binder: str,
-           runs: dict[str, str]) -> str:
-    intro = readme.split("\n| notebook |", 1)[0]
+           runs: dict[str, str], times: dict[str, str] | None) -> str:
+    """The landing page: the README, its table of notebooks linked to their pages (with the FAST times where
+    docs/notebook-times.md has them), how the pages were made."""
+    found = syllabus.TABLE.search(readme)
+    intro, outro = (readme[: found.start()], readme[found.end():]) if found else (readme, "")
     intro = re.sub(r"^# .*\n", "", intro, count=1)
     rows = []
     for e in entries:
         name = (f'<a href="{e.page}">{html.escape(e.name)}</a>' if e.name in built
                 else f"{html.escape(e.name)} (not in this build)")
         extra = f' <a href="{html.escape(colab[e.name])}">Colab</a>' if e.name in colab else ""
-        rows.append(f"<tr><td>{name}{extra}</td><td>{_inline_markdown(e.teaches)}</td></tr>")
+        time = f"<td>{html.escape(times.get(e.name, 'not measured'))}</td>" if times is not None else ""
+        rows.append(f"<tr><td>{name}{extra}</td><td>{_inline_markdown(e.teaches)}</td>{time}</tr>")
+    head = "<th>notebook</th><th>teaches</th>" + (f"<th>{syllabus.FAST_COLUMN}</th>" if times is not None else "")
     links = f'<p>Run it yourself: <a href="{html.escape(binder)}">Binder</a> (JupyterLab, nothing to install).</p>' \
         if binder else ""
     run_notes = "".join(f"<li>{html.escape(n)}: {html.escape(r)}</li>" for n, r in runs.items() if r)
-    return (f"<h1>attention-sinks-course</h1>{_markdown(intro)}"
-            f"<table><thead><tr><th>notebook</th><th>teaches</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-            f'{links}<p>Measured speed and memory: <a href="{BENCHMARKS}">benchmarks</a>. Every paper the course '
-            f'cites: <a href="{REFERENCES}">references</a>; every published result it re-runs, beside its own '
-            f'number and a verdict: <a href="{REPRODUCTIONS}">reproductions</a>.</p>'
+    intro, outro = (site_links(_markdown(part), "", "README.md") for part in (intro, outro))
+    body = (f"<h1>attention-sinks-course</h1>{intro}"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            f'{links}{outro}<p>Measured speed and memory: <a href="{BENCHMARKS}">benchmarks</a>. Every '
+            f'paper the course cites: <a href="{REFERENCES}">references</a>; every published result it re-runs, '
+            f'beside its own number and a verdict: <a href="{REPRODUCTIONS}">reproductions</a>; every page: '
+            f'<a href="{DOCS_INDEX}">docs</a>.</p>'
             + (f"<h2>How these pages were made</h2><ul>{run_notes}</ul>" if run_notes else ""))
+    return heading_ids(body)
 
 
 def _executed(executed: Path, entries: list[Notebook], partial: bool) -> tuple[dict[str, Path], list[str]]:
@@ -202,27 +209,35 @@ def _notebook_page(nb: nbformat.NotebookNode, path: Path, name: str, nav: str, e
     before, sep, after = body.rpartition("</main>")
     body = before + nav + sep + after if sep else body
     body = body.replace("</head>", f"<style>{CSS}</style></head>", 1)
-    return _doc_links(body), run
+    return site_links(body, "notebooks", f"notebooks/{name}.ipynb", strict=False), run
 
 
-def _write_doc_pages(executed: Path, out: Path, root: Path, nav: str) -> None:
-    """The benchmarks page, the references and the reproduction table (of the executed notebooks, when they
-    recorded rows; else docs/reproductions.md)."""
-    bench = [_copy_images(_markdown((root / "docs" / doc).read_text(encoding="utf-8")), root / "docs", out)
-             for doc in BENCH_DOCS if (root / "docs" / doc).is_file()]
-    if not bench:
-        bench = ["<h1>Benchmarks</h1><p>No benchmark has been recorded (<code>python -m course bench</code>).</p>"]
-    (out / BENCHMARKS).write_text(_page("Benchmarks", "<hr>".join(bench), nav), encoding="utf-8")
+def _doc_page_names(root: Path) -> list[str]:
+    """Every documentation page a build writes: the fixed ones (written even when their docs/ page is missing)
+    and one per other docs/*.md."""
+    return [*DOC_PAGES, *(page for page in doc_sources(root) if page not in DOC_PAGES)]
+
+
+def _doc_bodies(executed: Path, root: Path) -> dict[str, tuple[str, str]]:
+    """{page: (title, body)} of every documentation page, rendered before anything is written (a link the site
+    cannot follow stops the build there): docs/README.md as the docs index, the reproduction table the executed
+    notebooks' (when they recorded rows)."""
     from course.instructor.reproductions import column_name, read_not_run, read_rows, render
 
     rows, run_params = read_rows(executed)  # the table of the notebooks shown, when they recorded rows
-    for page, (title, doc, absent) in DOC_PAGES.items():
-        path = root / "docs" / doc
+    sources, bodies = doc_sources(root), {}
+    for page in _doc_page_names(root):
+        path = sources.get(page)
+        title, _, absent = DOC_PAGES.get(page, (path.stem if path else page, "", ""))
         text = render({column_name(executed, run_params): (rows, run_params, read_not_run(executed))}) \
-            if page == REPRODUCTIONS and rows else \
-            path.read_text(encoding="utf-8") if path.is_file() else None
-        body = _doc_links(_markdown(text)) if text is not None else f"<h1>{title}</h1><p>{absent}</p>"
-        (out / page).write_text(_page(title, body, nav), encoding="utf-8")
+            if page == REPRODUCTIONS and rows else path.read_text(encoding="utf-8") if path else None
+        if text is None:
+            bodies[page] = (title, f"<h1>{title}</h1><p>{absent}</p>")
+            continue
+        found = re.search(r"^#\s+(.+)$", text, re.M)
+        title = re.sub(r"[*`]", "", found.group(1)).strip() if found else title
+        bodies[page] = (title, heading_ids(site_links(_markdown(text), "docs", f"docs/{path.name}" if path else page)))
+    return bodies
 
 
 def build_site(executed: Path | str, out: Path | str, root: Path | str, partial: bool = False) -> dict:
@@ -240,22 +255,25 @@ def build_site(executed: Path | str, out: Path | str, root: Path | str, partial:
     notebooks = {name: nbformat.read(path, as_version=4) for name, path in found.items()}
     for name, nb in notebooks.items():
         check_executed(nb, found[name])
+    site_links(_markdown(readme), "", "README.md")  # refuses a link the site cannot follow, before any page
+    docs = _doc_bodies(executed, root)
 
     out.mkdir(parents=True, exist_ok=True)
-    for old in [INDEX, BENCHMARKS, *DOC_PAGES] + [e.page for e in entries]:  # only what a build writes
+    for old in [INDEX, *docs] + [e.page for e in entries]:  # only what a build writes
         (out / old).unlink(missing_ok=True)
     shutil.rmtree(out / "images", ignore_errors=True)
     colab, binder = _colab_links(root, entries)
     built = set(found)
     exporter = HTMLExporter(template_name="lab", embed_images=True)
-    pages, runs = [INDEX, BENCHMARKS, *DOC_PAGES], {}
+    pages, runs = [INDEX, *docs], {}
     for name, nb in notebooks.items():
         body, runs[name] = _notebook_page(nb, found[name], name, _nav(entries, built, name, colab), exporter)
         (out / f"{name}.html").write_text(body, encoding="utf-8")
         pages.append(f"{name}.html")
 
     nav = _nav(entries, built, "", colab)
-    (out / INDEX).write_text(_page("attention-sinks-course", _index(readme, entries, built, colab, binder, runs), nav),
-                             encoding="utf-8")
-    _write_doc_pages(executed, out, root, nav)
+    index = _index(readme, entries, built, colab, binder, runs, fast_times(root))
+    (out / INDEX).write_text(_page("attention-sinks-course", index, nav), encoding="utf-8")
+    for page, (title, body) in docs.items():  # their images beside them
+        (out / page).write_text(_page(title, _copy_images(body, root / "docs", out), nav), encoding="utf-8")
     return {"out": str(out), "pages": pages, "notebooks": list(found), "missing": missing}

@@ -156,3 +156,26 @@ def test_each_notebooks_first_cell_quotes_the_times_in_the_table(path):
     for match, mode in ((fast.groups()[1:], True), (full.groups(), False)):
         times = read_times(ROOT / "docs/notebook-times.md", fast=mode).values()
         assert [_seconds(t) for t in match] == [min(times), max(times)], f"{path.name}, FAST = {mode}"
+
+
+def test_a_fast_run_of_the_repositorys_notebooks_rewrites_the_readmes_fast_column(tmp_path, monkeypatch, capsys):
+    """bench --notebooks --fast writing the repository's docs/notebook-times.md brings the front page's table along
+    (release --check would fail otherwise); the notebooks are not executed here."""
+    from course import syllabus
+    from course.instructor import notebook_times
+
+    root = Path(__file__).resolve().parents[2]
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "docs").mkdir()
+    for nb in syllabus.notebooks():
+        (repo / "notebooks" / nb.file).write_text("{}")
+    (repo / "README.md").write_text((root / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
+    rows = [{"notebook": nb.name, "quiet_s": 60.0 + i} for i, nb in enumerate(syllabus.notebooks())]
+    monkeypatch.setattr(notebook_times, "time_notebooks", lambda *a, **k: rows)
+    assert main(["bench", "--notebooks", "--fast", "--notebook-dir", str(repo / "notebooks"),
+                 "--report", str(repo / "docs" / "notebook-times.md"), "--out", str(tmp_path / "out")]) == 0
+    assert "and the FAST column of" in capsys.readouterr().out
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    assert f"| `{syllabus.notebooks()[0].name}` | {syllabus.notebooks()[0].teaches} | 1 min 00 s |" in readme
+    assert f"| `{syllabus.notebooks()[-1].name}` | {syllabus.notebooks()[-1].teaches} | 1 min 08 s |" in readme

@@ -97,7 +97,7 @@ def test_every_notebook_becomes_a_page_with_its_figure_and_links_in_order(repo, 
     for page in pages.values():
         assert page.count('src="data:image/png;base64,') == 1  # the figure, inside the page
         assert "FAST = True" in page and "1.5 min" in page  # how it was executed (papermill's record)
-    bar = ["index.html", "benchmarks.html", "references.html", "reproductions.html"]
+    bar = ["index.html", "docs.html", "benchmarks.html", "references.html", "reproductions.html"]
     assert nav_links(pages["01_first"]) == [bar + ["02_second.html"]] * 2
     assert nav_links(pages["02_second"])[0] == bar + ["01_first.html", "03_third.html"]
     assert nav_links(pages["03_third"])[0] == bar + ["02_second.html"]
@@ -148,6 +148,38 @@ def test_the_reproductions_page_shows_the_rows_of_the_notebooks_shown(repo, exec
     build_site(executed, out, repo)
     page = (out / "reproductions.html").read_text(encoding="utf-8")
     assert "<strong>reproduced</strong>" in page and "14.2" in page and "an old table" not in page
+
+
+def test_every_docs_page_is_a_page_with_its_links_pointed_at_the_sites_pages(repo, executed, tmp_path):
+    docs = repo / "docs"
+    (docs / "README.md").write_text("# Pages\n\n* [setup.md](setup.md)\n* [the front page](../README.md)\n",
+                                    encoding="utf-8")
+    (docs / "setup.md").write_text("# Setting up\n\n## Colab and `Binder`\n\n## Notes\n\n## Notes\n\n"
+                                   "See [below](#colab-and-binder), [the table](benchmarks.md#tables) and "
+                                   "[refs](references.md).\n", encoding="utf-8")
+    (repo / "README.md").write_text(README + "\nDetails: [setup](docs/setup.md#colab-and-binder).\n", encoding="utf-8")
+    nb = executed_notebook("Notebook 01_first")
+    nb.cells[0].source += "\n\nSee [the ledger](../docs/setup.md#notes) and [home](../README.md)."
+    nbformat.write(nb, executed / "01_first.ipynb")
+    out = tmp_path / "site"
+    result = build_site(executed, out, repo)
+    assert {"docs.html", "setup.html"} <= set(result["pages"])
+    setup = (out / "setup.html").read_text(encoding="utf-8")
+    assert "<title>Setting up</title>" in setup
+    assert re.findall(r'<h2 id="([^"]+)"', setup) == ["colab-and-binder", "notes", "notes-1"]  # GitHub's anchors
+    assert 'href="#colab-and-binder"' in setup and 'href="benchmarks.html#tables"' in setup
+    assert 'href="references.html"' in setup
+    index = (out / "docs.html").read_text(encoding="utf-8")
+    assert 'href="setup.html"' in index and 'href="index.html"' in index and '.md"' not in index
+    assert 'href="setup.html#colab-and-binder"' in (out / "index.html").read_text(encoding="utf-8")
+    page = (out / "01_first.html").read_text(encoding="utf-8")
+    assert 'href="setup.html#notes"' in page and 'href="index.html"' in page
+
+
+def test_a_docs_page_linking_to_a_file_the_site_does_not_hold_is_refused(repo, executed, tmp_path):
+    (repo / "docs" / "setup.md").write_text("# Setting up\n\nRun [the script](../scripts/setup.sh).\n")
+    with pytest.raises(ValueError, match=r"docs/setup.md links to '../scripts/setup.sh'.*full address"):
+        build_site(executed, tmp_path / "site", repo)
 
 
 def test_colab_links_follow_the_courses_setting(repo, executed, tmp_path):
@@ -204,7 +236,7 @@ def test_the_command_line_builds_the_site(repo, executed, tmp_path, capsys):
         command.add_parser(sub)
     args = parser.parse_args(["site", "--from", str(executed), "--out", str(tmp_path / "out"), "--root", str(repo)])
     result = args.run(args)
-    pages = len(list(executed.glob("*.ipynb"))) + 2 + len(DOC_PAGES)  # the notebooks, index, benchmarks, docs
+    pages = len(list(executed.glob("*.ipynb"))) + 1 + len(DOC_PAGES)  # the notebooks, the index, the docs pages
     assert len(result["pages"]) == pages and f"{pages} pages in" in capsys.readouterr().out
     bad = parser.parse_args(["site", "--root", str(tmp_path / "nothing")])
     with pytest.raises(ValueError, match="is not the course's repository"):

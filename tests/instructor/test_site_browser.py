@@ -1,7 +1,8 @@
-"""The course site in a real browser: every page of a site built from executed notebooks opens, shows its
-figures (each ``<img>`` decoded: ``naturalWidth > 0``), holds no error output, and its navigation links lead to
-pages that exist, in the syllabus's order. A screenshot of every page goes to $COURSE_SCREENSHOTS (default: the
-test's temporary folder).
+"""The course site in a real browser: every page of a site built from executed notebooks and the repository's
+docs/ opens, shows its figures (each ``<img>`` decoded: ``naturalWidth > 0``), holds no error output, its
+navigation links lead to pages that exist, in the syllabus's order, and every link on every page that stays on the
+site leads to a page that exists and, with an anchor, to an element of that page with that id. A screenshot of
+every page goes to $COURSE_SCREENSHOTS (default: the test's temporary folder).
 
 The executed notebooks: $COURSE_EXECUTED (``scripts/test.sh`` points it at the copies it has just executed;
 then every notebook must be there, and a missing browser fails the test). Without it, the quickest notebook
@@ -18,7 +19,7 @@ import nbformat
 import pytest
 
 from course import syllabus
-from course.instructor.site import BENCHMARKS, INDEX, build_site
+from course.instructor.site import BENCHMARKS, DOCS_INDEX, INDEX, build_site
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, browser_api, screenshot_dir
 
 EXECUTED = os.environ.get("COURSE_EXECUTED", "")
@@ -26,6 +27,8 @@ sync_api = browser_api(required=bool(EXECUTED))
 ROOT = Path(__file__).resolve().parents[2]
 QUICKEST = "01_kv_cache"
 
+LINKS = "els => els.map(e => e.getAttribute('href'))"
+IDS = "() => [...document.querySelectorAll('[id], a[name]')].map(e => e.id || e.getAttribute('name'))"
 IMAGES = "els => els.map(e => ({src: e.getAttribute('src').slice(0, 40), ok: e.complete && e.naturalWidth > 0}))"
 ERRORS = """() => [...document.querySelectorAll('.output_error, [data-mime-type="application/vnd.jupyter.stderr"]')]
     .map(e => e.textContent).filter(t => t.includes('Traceback') || t.includes('Error'))"""
@@ -42,8 +45,8 @@ def site(tmp_path_factory) -> tuple[Path, Path]:
         executed = tmp_path_factory.mktemp("executed")
         execute_notebook(ROOT / "notebooks" / f"{QUICKEST}.ipynb", executed / f"{QUICKEST}.ipynb", fast=True)
     out = tmp_path_factory.mktemp("site")
-    build_site(executed, out, ROOT, partial=not EXECUTED)
-    return out, executed
+    result = build_site(executed, out, ROOT, partial=not EXECUTED)
+    return out, executed, result["pages"]
 
 
 def figure_count(notebook: Path) -> int:
@@ -62,11 +65,15 @@ def offline(route) -> None:
 
 
 def test_every_page_renders_its_figures_and_links(site, tmp_path):
-    out, executed = site
+    out, executed, built = site
     entries = [e for e in syllabus.notebooks() if (out / e.page).is_file()]
     if EXECUTED:
         assert len(entries) == len(syllabus.notebooks())
-    pages = [INDEX, BENCHMARKS] + [e.page for e in entries]
+    docs = [p for p in built if p not in {INDEX, *(e.page for e in entries)}]
+    assert DOCS_INDEX in docs and BENCHMARKS in docs and "setup.html" in docs  # every docs/*.md page
+    pages = [INDEX] + docs + [e.page for e in entries]
+    ids: dict[str, set[str]] = {}  # every page's ids, for the links' anchors
+    links: list[tuple[str, str]] = []  # (page, href) of every link that stays on the site
     shots = screenshot_dir(tmp_path)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
@@ -81,7 +88,9 @@ def test_every_page_renders_its_figures_and_links(site, tmp_path):
                 assert not broken, f"{name}: images that did not load: {broken}"
                 assert not page.evaluate(ERRORS), f"{name}: error outputs"
                 assert "Traceback (most recent call last)" not in page.inner_text("body"), name
-                hrefs = page.eval_on_selector_all("nav.course-nav a", "els => els.map(e => e.getAttribute('href'))")
+                ids[name] = set(page.evaluate(IDS))
+                links += [(name, h) for h in page.eval_on_selector_all("a[href]", LINKS) if not urlparse(h).scheme]
+                hrefs = page.eval_on_selector_all("nav.course-nav a", LINKS)
                 local = [h for h in hrefs if not urlparse(h).scheme]
                 assert {INDEX, BENCHMARKS} <= set(local), f"{name}: the bar lacks the index or benchmarks link"
                 missing = [h for h in local if not (out / h).is_file()]
@@ -92,6 +101,11 @@ def test_every_page_renders_its_figures_and_links(site, tmp_path):
                 elif name == BENCHMARKS:
                     assert page.locator("h1").first.inner_text().startswith("Benchmarks")
                     assert len(images) >= 1  # the benchmark figures (docs/benchmarks/*.png)
+                elif name == DOCS_INDEX:  # the index of docs/ lists every other docs page
+                    listed = {h for h in page.eval_on_selector_all(".course-page a:not(.anchor-link)", LINKS) if h != INDEX}
+                    assert listed == set(docs) - {DOCS_INDEX}, listed ^ (set(docs) - {DOCS_INDEX})
+                elif name in docs:
+                    assert page.locator("h1").count() >= 1, f"{name}: no title"
                 else:
                     i = [e.page for e in entries].index(name)
                     want = figure_count(executed / f"{entries[i].name}.ipynb")
@@ -101,10 +115,15 @@ def test_every_page_renders_its_figures_and_links(site, tmp_path):
                     assert set(prev) == ({entries[i - 1].page} if i > 0 else set())
                     assert set(nxt) == ({entries[i + 1].page} if i + 1 < len(entries) else set())
                 page.screenshot(path=shots / f"{Path(name).stem}.png")
-                if name not in (INDEX, BENCHMARKS):  # a figure as a reader sees it
+                if name in [e.page for e in entries]:  # a figure as a reader sees it
                     page.locator(".jp-RenderedImage img").first.scroll_into_view_if_needed()
                     page.screenshot(path=shots / f"{Path(name).stem}_figure.png")
         finally:
             browser.close()
     expected = [f"{Path(n).stem}.png" for n in pages] + [f"{e.name}_figure.png" for e in entries]
     assert all((shots / s).stat().st_size > 0 for s in expected)
+    targets = [(page, *href.partition("#")[::2]) for page, href in links]  # (page, target page, anchor)
+    dead = [(page, to) for page, to, _ in targets if to and not (out / to).is_file()]
+    assert not dead, f"links to pages that do not exist: {dead}"
+    missing = [(page, f"{to}#{anchor}") for page, to, anchor in targets if anchor and anchor not in ids[to or page]]
+    assert not missing, f"links to anchors that do not exist: {missing}"
