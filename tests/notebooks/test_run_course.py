@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from course.instructor.site_docs import page_of
+
 ROOT = Path(__file__).resolve().parents[2]
 STUDENT = sorted(p.name for p in (ROOT / "notebooks/student").glob("[0-9]*.ipynb"))
 
@@ -116,7 +118,9 @@ def test_site_executes_every_solution_then_builds_the_site(clone, args, fast):
     assert [c.split()[2] for c in calls] == [f"notebooks/{n}" for n in solutions]
     assert all(c.endswith(f"-p FAST {fast}") for c in calls)
     pages = sorted(p.name for p in (clone / "site").glob("*.html"))
-    assert pages == sorted(["index.html", "benchmarks.html", "references.html", "reproductions.html"] + [n.replace(".ipynb", ".html") for n in solutions])
+    docs = {"docs.html", "benchmarks.html", "references.html", "reproductions.html"}  # written even when missing
+    docs |= {page_of(f"docs/{p.name}") for p in (clone / "docs").glob("*.md")}  # one page per docs/*.md
+    assert pages == sorted(["index.html", *docs] + [n.replace(".ipynb", ".html") for n in solutions])
     assert f"{len(pages)} pages in site/" in proc.stdout
     assert git(clone, "status", "--porcelain") == ""  # outputs/ and site/ are ignored
 
