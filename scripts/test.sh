@@ -6,12 +6,22 @@
 # (tests/instructor/test_class_grading.py): every student copy released for graded use, filled in as an honest student would
 # and graded with `course grade --key --jobs 2`, which also executes every student copy end to end on gpt2-random
 # (GPT-2's architecture and shapes, random weights: the GPT-2 code paths offline, its claims recorded, not asserted).
+#
+# --quick: the contributor suite instead, every test not marked `slow` (no notebook or grading kernel, no training,
+# no long run of the real model: a few minutes on two cores), after the same set-up and ruff; further arguments
+# go to pytest. docs/testing.md says what each suite holds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=
+if [ "${1:-}" = --quick ]; then quick=1; shift; fi
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 ruff check .  # pyflakes and pycodestyle, as pyproject.toml's [tool.ruff] sets them
+if [ -n "$quick" ]; then
+  COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg COURSE_PROGRESS=text \
+    exec python -m pytest -p no:cacheprovider -m "not slow" --durations=10 tests "$@"
+fi
 bash scripts/check-instructor-install.sh  # an instructor's install from scratch: grade, release, site (about a minute)
 export COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg COURSE_PROGRESS=text
 # the notebooks draw their figures inline (the site shows them): no MPLBACKEND for their kernels

@@ -70,6 +70,7 @@ def _solution_bodies() -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_no_notebook_and_no_answer_key_is_installed(installed):
     names = {p.name for p in installed.rglob("*")}
     assert "answer_key.py" not in names and not any(n.endswith(".ipynb") for n in names)

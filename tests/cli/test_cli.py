@@ -37,6 +37,7 @@ def test_stream_text_file(capsys, tmp_path):
     assert out["policy"] == "window" and out["ppl_after_fill"] is not None
 
 
+@pytest.mark.slow
 def test_stream_on_the_gpt2_shaped_model_picks_its_rule_and_respects_its_limit(capsys):
     out = run_json(capsys, "stream", "--model", "gpt2-random", "--budget", "64", "--tokens", "1024")
     assert out["positions"] == "original" and out["sinks"] == 4 and out["tokens"] == 1024
@@ -64,6 +65,7 @@ def test_bad_values_exit_cleanly(capsys, tmp_path):
     assert "book must be one of" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_needle_json(capsys):
     out = run_json(capsys, "needle", "--policy", "snapkv", "--budget", "128", "--trials", "2", "--context", "200")
     for key in ("accuracy", "mean_answer_logprob", "budget", "policy"):

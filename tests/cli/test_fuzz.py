@@ -373,6 +373,7 @@ def offline(*args, **kwargs):
     raise OSError("no network in this test")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", DAMAGES, ids=[d.id for d in DAMAGES])
 def test_damaged_file_is_named_never_used_and_repaired(case, pristine, tmp_path, capsys, monkeypatch):
     cache = make_cache(pristine, tmp_path / "cache", copy=(case.file,))
@@ -474,6 +475,7 @@ def test_damaged_stored_run_is_trained_again_or_refused(capsys, tmp_path, monkey
 
 
 # ----------------------------------------------------------------------------- the table: the public API
+@pytest.mark.slow
 def test_notebook_parameters_are_typed(monkeypatch, capsys):
     from course.notebook import configure, configure_parameters
 
@@ -575,6 +577,7 @@ def peak_rss_mib(argv: list[str], env: dict) -> tuple[float, subprocess.Complete
     return int(kib) / 1024, subprocess.CompletedProcess(argv, int(rc), out, done.stderr)
 
 
+@pytest.mark.slow
 def test_peak_memory_of_a_short_stream_over_a_50_mb_file(tmp_path, pristine):
     """``stream --tokens 32`` on a 50 MB file stays under 1.5 GiB (most of it the model), and costs
     about what it costs on a 2 KB file: the file is read only as far as 32 tokens need."""
@@ -596,6 +599,7 @@ def test_peak_memory_of_a_short_stream_over_a_50_mb_file(tmp_path, pristine):
     assert peaks["big.txt"] - peaks["small.txt"] < 100, peaks
 
 
+@pytest.mark.slow
 def test_model_damage_is_repaired_by_fetch(pristine, tmp_path, capsys, monkeypatch):
     """The zeroed-layer case end to end: detected, then derived again from the kept GGUF (about
     20 s and 1 GB), offline, identical to the original."""

@@ -319,6 +319,7 @@ def _random_scores(positions, attention, seen, budget):  # a random priority per
     return table[positions]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not assets.status()["smollm2-135m"], reason="SmolLM2-135M is not in the course cache")
 def test_capstone_grade_depends_on_measured_quality(grading_key):
     """On the key's held-out passages: the solution's policy full marks, StreamingLLM as a score function partial

@@ -262,6 +262,7 @@ SNAPKV_UNPOOLED = ("def snapkv_select(attn, capacity, kernel, pooling, kv_heads)
                    "    return torch.cat([top, torch.arange(s - w, s).expand(kv_heads, w)], dim=-1)\n")
 
 
+@pytest.mark.slow
 def test_the_grader_scores_policy_exercises_from_its_own_process(tmp_path, grading_key):
     """The checker runs the grader's decode loop; the student's functions answer from the kernel."""
     root = tmp_path / "subs"

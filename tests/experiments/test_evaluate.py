@@ -23,6 +23,7 @@ def test_needle_prompt_structure(smollm2):
         make_needle_trials(tok, 1, 200, depth=2.0)
 
 
+@pytest.mark.slow
 def test_full_cache_finds_the_needle_and_streaming_loses_it(smollm2):
     model, tok, _ = smollm2
     trials = make_needle_trials(tok, 2, 300, depth=0.2, seed=0)

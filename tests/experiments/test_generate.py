@@ -102,6 +102,7 @@ def test_a_chat_keeps_one_bounded_cache_across_turns():
         list(chat.say("   "))
 
 
+@pytest.mark.slow
 def test_generate_and_chat_on_smollm2_from_the_command_line(capsys, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("It is a truth universally acknowledged, that a single man in possession of a good fortune,")

@@ -156,6 +156,7 @@ def test_random_heads_avoid_the_excluded_and_repeat_with_their_seed():
         random_heads(scores, 1, exclude=torch.zeros(6, 7, dtype=torch.bool))
 
 
+@pytest.mark.slow
 def test_on_smollm2_masking_the_top_retrieval_heads_loses_the_answer(smollm2):
     model, tok, _ = smollm2
     trials = make_needle_trials(tok, 2, 200, seed=5, model=model)

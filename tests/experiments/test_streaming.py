@@ -32,6 +32,7 @@ def test_exact_evaluator_equals_decode_loop(family, policy, chunk):
     assert a.cache_bytes == b.cache_bytes and a.fill == b.fill
 
 
+@pytest.mark.slow
 def test_exact_evaluator_equals_decode_loop_on_smollm2(smollm2_f64, austen_ids):
     model = smollm2_f64[0]  # float64: a question of sameness, which float32 round-off must not decide
     ids = austen_ids[:, :160]

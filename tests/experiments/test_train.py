@@ -144,6 +144,7 @@ def test_train_seeds_trains_one_model_per_seed(tmp_path, monkeypatch):
             train_seeds("vanilla", "fast", bad, progress=False, steps=3)
 
 
+@pytest.mark.slow
 def test_train_cli_all_variants_over_seeds(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COURSE_CACHE", str(tmp_path))
     assert main(["train", "--all-variants", "--seeds", "3", "--seed", "7", "--steps", "2", "--windows", "2",
@@ -158,6 +159,7 @@ def test_train_cli_all_variants_over_seeds(tmp_path, monkeypatch, capsys):
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_train_cli_jobs_train_the_same_runs_in_processes(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COURSE_CACHE", str(tmp_path / "serial"))
     argv = ["train", "--variant", "vanilla", "--seeds", "3", "--steps", "3", "--windows", "2"]

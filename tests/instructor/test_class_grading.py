@@ -23,6 +23,8 @@ from course.exercises import REGISTRY
 from course.instructor.solutions import paste_solutions
 from tests.instructor.grading_helpers import exercises_only
 
+pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
+
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NUMBERS = sorted(p.name[:2] for p in NOTEBOOKS.glob("[0-9]*.ipynb"))
 WRONG_BUILD = "02.window_stream_nll"

@@ -543,17 +543,20 @@ def _by_exercise(rows: list[dict]) -> dict[str, dict]:
     return {r["exercise"]: r for r in rows}
 
 
+@pytest.mark.slow  # a grading run (the gradebook fixture)
 def test_solution_gets_full_marks(gradebook):
     rows = gradebook["solution"]
     assert [r["exercise"] for r in rows] == [e for e in REGISTRY if e.startswith("01.")]
     assert all(r["status"] == "pass" and r["points"] == r["max_points"] >= 1 for r in rows), rows
 
 
+@pytest.mark.slow  # a grading run (the gradebook fixture)
 def test_blank_copy_gets_zero(gradebook):
     rows = gradebook["blank"]
     assert len(rows) == N_01 and all(r["status"] == "not_done" and r["points"] == 0 for r in rows), rows
 
 
+@pytest.mark.slow  # a grading run (the gradebook fixture)
 def test_one_wrong_exercise_gets_zero_with_its_hint(gradebook):
     rows = _by_exercise(gradebook["wrong"])
     assert rows["01.kv_cache_bytes"]["points"] == 0 and rows["01.kv_cache_bytes"]["status"] == "wrong"
@@ -561,6 +564,7 @@ def test_one_wrong_exercise_gets_zero_with_its_hint(gradebook):
     assert rows["01.attention_step"]["points"] == rows["01.generate_greedy"]["points"] == 1
 
 
+@pytest.mark.slow  # a grading run (the gradebook fixture)
 def test_notebooks_that_cannot_run_still_get_rows(gradebook):
     crashed = gradebook["crash"]
     assert len(crashed) == N_01 and all(r["points"] == 0 and "kernel died" in r["feedback"] for r in crashed), crashed
@@ -571,6 +575,7 @@ def test_notebooks_that_cannot_run_still_get_rows(gradebook):
     assert unknown["status"] == "error" and "notebook 42" in unknown["feedback"] and unknown["max_points"] == 0
 
 
+@pytest.mark.slow
 def test_overall_time_limit(tmp_path, grading_key):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("import time\ntime.sleep(60)"),
@@ -583,6 +588,7 @@ def test_overall_time_limit(tmp_path, grading_key):
     assert "no cell of the notebook checks this exercise" in rows["01.attention_step"]["feedback"]
 
 
+@pytest.mark.slow
 def test_endless_loop_is_cut_off(tmp_path, capsys, grading_key):
     solution = NOTEBOOKS / "01_kv_cache.ipynb"
     _submission(tmp_path / "subs" / "loop", solution, {

@@ -15,6 +15,8 @@ from course.instructor.grading.grade import Limits, grade
 from course.instructor.grading.sandbox import descendants
 from tests.instructor.grading_attacks import BURGLED, EXERCISES, build_class
 
+pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
+
 
 class _Listener:
     """A TCP server on the loopback that counts who connects (no kernel should reach it)."""

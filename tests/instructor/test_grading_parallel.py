@@ -20,6 +20,8 @@ from course.instructor.grading.shards import RECORD, Shard, shard_index
 from course.instructor.grading.submissions import find_submissions
 from tests.instructor.grading_helpers import CHECK, GOOD, marked_processes, tiny
 
+pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
+
 ROOT = Path(__file__).resolve().parents[2]
 # one student per outcome; their names put at least one submission in each of three shards (asserted below)
 OUTCOMES = {

@@ -26,6 +26,8 @@ from course.instructor.grading.remote import _Handles
 from course.instructor.grading.submissions import UNKNOWN_STUDENT, find_submissions
 from tests.instructor.grading_helpers import CHECK, GOOD, marked_processes as _marked_processes, tiny as _tiny
 
+pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -82,6 +82,7 @@ def test_a_key_the_kernels_could_read_is_refused(tmp_path):
     walls.check_absent("the grading key", tmp_path / "key.json")  # anywhere else is fine
 
 
+@pytest.mark.slow
 def test_without_the_sandbox_every_row_says_so_and_the_environment_is_still_an_allow_list(tmp_path, monkeypatch,
                                                                                         grading_key):
     monkeypatch.setenv("HF_TOKEN", "hf_secret")

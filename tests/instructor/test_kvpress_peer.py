@@ -29,6 +29,8 @@ from course.evaluate import make_needle_trials
 from course.instructor import kvpress_peer as peer
 from course.policies.snapkv import SnapKV
 
+pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
+
 BUDGET = 128  # slots per KV head of a ~540-token passkey prompt
 PYRAMID_BUDGET = 192  # kvpress's pyramid needs budget >= beta * window (20 * 8), else it falls back to uniform
 WINDOW, KERNEL = 8, 5  # the observation window and pooling kernel both sides are given

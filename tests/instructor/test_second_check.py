@@ -21,6 +21,8 @@ from course.instructor.grading.sandbox import Limits
 from course.instructor.grading.stripped import check_call, notebook_definitions, second_checks, strip_course
 from course.instructor.solutions import paste_solutions
 
+pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
+
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NUMBERS = sorted(p.name[:2] for p in NOTEBOOKS.glob("[0-9]*.ipynb"))
 BUILDS = sorted(e.id for e in REGISTRY.values() if e.kind == "build")

@@ -22,6 +22,8 @@ from course import syllabus
 from course.instructor.site import BENCHMARKS, DOCS_INDEX, INDEX, build_site
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, browser_api, screenshot_dir
 
+pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
+
 EXECUTED = os.environ.get("COURSE_EXECUTED", "")
 sync_api = browser_api(required=bool(EXECUTED))
 ROOT = Path(__file__).resolve().parents[2]

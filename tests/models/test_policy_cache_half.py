@@ -18,6 +18,8 @@ from course.transformers_cache import PolicyCache, course_config
 from .test_policy_cache_in_use import HALF_TOKENS, PAD, THETA, tiny_half
 from .test_transformers_cache import BUDGET
 
+pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
+
 EVERY_RULE = [  # every policy and position rule PolicyCache takes on a RoPE model
     ("full", {}, "sdpa"),
     ("window", {}, "sdpa"), ("window", {"positions": "cache"}, "sdpa"),

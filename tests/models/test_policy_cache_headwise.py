@@ -86,6 +86,7 @@ def test_generate_equals_the_course_models_logits(arch, impl, plan):
     assert len(set(slots.flatten().tolist())) > 1  # the heads really held different lengths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 def test_half_precision_keys_stay_exact_through_generate(dtype):
     """A retrieval head (full, original positions) beside a StreamingLLM head under positions inside the cache

@@ -83,6 +83,7 @@ def float32_runs():
     return ids, forced_runs(tiny_half(torch.float32), ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 def test_half_precision_greedy_choices_follow_float32(dtype, float32_runs):
     """Along a 5,000-token stream, the half-precision PolicyCache's greedy choices agree with float32's as often as
@@ -143,6 +144,7 @@ def test_each_row_of_a_padded_batch_is_its_prompt_alone(name, kw, impl):
                 assert set(range(kw.get("sinks", 4))) <= set(real[0].tolist())
 
 
+@pytest.mark.slow
 def test_a_padded_batch_of_real_prompts_on_smollm2(smollm2, smollm2_f64, austen_ids):
     _, hf = smollm2_f64
     rows = [austen_ids[0, 100:112], austen_ids[0, 300:326]]  # 12 and 26 tokens, through a cache of 16
@@ -186,6 +188,7 @@ class Oracle:
         return scores
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kw,impl", [("streaming", {}, "sdpa"),
                                          ("h2o", {"sinks": 2, "positions": "cache"}, "eager")])
 @pytest.mark.parametrize("mode", ["sampling", "beams"])
@@ -305,6 +308,7 @@ def tensor_bytes() -> int:
     return sum(storages.values())
 
 
+@pytest.mark.slow
 def test_two_hundred_generate_calls_leave_nothing_behind():
     hf = small_hf("llama", "eager")
     ids = torch.randint(0, PAD, (2, 12))

@@ -113,6 +113,7 @@ SMOLLM2_POLICIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(SMOLLM2_POLICIES))
 def test_smollm2_generate_equals_course_decode(case, smollm2, smollm2_f64, austen_ids):
     impl, kw = SMOLLM2_POLICIES[case]
@@ -148,6 +149,7 @@ def gpt2_random_f64(smollm2):
     return from_transformers(hf, "gpt2-random"), hf
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,impl", [("streaming", "sdpa"), ("window", "sdpa"), ("h2o", "eager"),
                                        ("snapkv", "eager")])
 def test_gpt2_generate_equals_course_decode(name, impl, gpt2_random_f64, smollm2, austen_ids):

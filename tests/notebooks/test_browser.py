@@ -27,6 +27,8 @@ import pytest
 from course import assets
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, browser_api, screenshot_dir
 
+pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
+
 sync_api = browser_api()
 REPO = Path(__file__).resolve().parents[2]
 KERNEL_IDLE = re.compile(r"\(ipykernel\) \| Idle")  # JupyterLab's status bar once the kernel is connected

@@ -16,6 +16,8 @@ from nbformat.v4 import new_code_cell, new_notebook
 from course.instructor.notebook_times import execute_notebook
 from course.instructor.output_check import check_notebook, output_texts
 
+pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
+
 ROOT = Path(__file__).resolve().parents[2]
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 

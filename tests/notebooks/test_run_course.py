@@ -98,6 +98,7 @@ def test_instructor_opens_the_solutions(clone):
     assert argv[0] == "lab" and argv[-1] == "notebooks/"
 
 
+@pytest.mark.slow
 def test_execute_runs_every_solution_and_prints_its_wall_time(clone):
     proc, calls = run(clone, "--execute", "--fast")
     assert proc.returncode == 0, proc.stderr
@@ -110,6 +111,7 @@ def test_execute_runs_every_solution_and_prints_its_wall_time(clone):
     assert git(clone, "status", "--porcelain") == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "fast"), [([], "True"), (["--full"], "False")])
 def test_site_executes_every_solution_then_builds_the_site(clone, args, fast):
     proc, calls = run(clone, "--site", *args)

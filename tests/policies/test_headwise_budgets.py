@@ -157,6 +157,7 @@ def test_a_headwise_cache_shares_the_prompt_forward_with_uniform_caches():
         assert together[name][2] == alone[name][2] == {"bytes": 2 * 16 * c.n_layer * c.n_kv_head * c.head_dim * 2}
 
 
+@pytest.mark.slow
 def test_needle_prompts_run_through_headwise_policies(smollm2):
     """The real SmolLM2-135M (GQA, 9 query heads per KV head): needle_eval with head-wise policies at 64 slots per
     head; every contender holds the bytes of a uniform 64."""

@@ -62,6 +62,7 @@ def run_json(capsys, *argv) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_generate_and_stream_offer_it(every_other, capsys):
     out = run_json(capsys, "generate", "--model", "smollm2-135m", "--policy", "every-other", "--budget", "12",
                    "--prompt", "The first token of a stream draws attention from every later token, so a cache keeps",
