@@ -14,7 +14,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=
 if [ "${1:-}" = --quick ]; then quick=1; shift; fi
+phase() {  # the time of the phase that just ended, for the per-phase split at the end of the run
+  phases+=("$1: $((SECONDS - phase_start)) s")
+  phase_start=$SECONDS
+}
+phases=() phase_start=$SECONDS
 bash scripts/setup.sh
+phase "set-up"
 # shellcheck disable=SC1091
 . .venv/bin/activate
 ruff check .  # pyflakes and pycodestyle, as pyproject.toml's [tool.ruff] sets them
@@ -23,7 +29,13 @@ if [ -n "$quick" ]; then
     exec python -m pytest -p no:cacheprovider -m "not slow" --durations=10 tests "$@"
 fi
 bash scripts/check-instructor-install.sh  # an instructor's install from scratch: grade, release, site (about a minute)
+phase "ruff and the instructor's install"
 export COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg COURSE_PROGRESS=text
 # the notebooks draw their figures inline (the site shows them): no MPLBACKEND for their kernels
 env -u MPLBACKEND COURSE_SET_UP=1 bash scripts/run-course.sh --execute --fast
-COURSE_EXECUTED=outputs python -m pytest -p no:cacheprovider --durations=15 tests "$@"  # the slowest tests, named
+phase "the notebooks, FAST"
+status=0
+COURSE_EXECUTED=outputs python -m pytest -p no:cacheprovider --durations=15 tests "$@" || status=$?  # slowest named
+phase "pytest"
+printf '== %s\n' "${phases[@]}"
+exit "$status"
