@@ -140,10 +140,10 @@ TABLE3_QUANTITIES = {  # what each threshold is measured on, per seed (nats, at 
 
 def table3_rule(finding: str, test: str, paper: bool = True) -> Rule:
     """The rule for one of Table 3's findings, judged on the per-seed values of ``test`` ("T1", "T2@k" or "T3",
-    thresholds ``THRESHOLDS``, fixed before the run): the finding is reproduced when the whole range over the seeds
-    is on the paper's side of the threshold (``paper``: whether the threshold holds for Table 3's numbers),
-    not reproduced at this scale when the whole range is on the other side, and inconclusive at n = (the
-    number of seeds) when the seeds fall on both sides (``course.claims.Rule``)."""
+    thresholds ``THRESHOLDS``, whose history docs/thresholds.md gives): the finding is reproduced when the whole
+    range over the seeds is on the paper's side of the threshold (``paper``: whether the threshold holds for
+    Table 3's numbers), not reproduced at this scale when the whole range is on the other side, and inconclusive
+    at n = (the number of seeds) when the seeds fall on both sides (``course.claims.Rule``)."""
     kind = test.split("@")[0]
     if kind not in TABLE3_QUANTITIES:
         raise ValueError(f"test must be T1, T2@k or T3, got {test!r}")
@@ -151,8 +151,8 @@ def table3_rule(finding: str, test: str, paper: bool = True) -> Rule:
     holds_above = kind != "T2"            # T1 and T3 hold at or above their threshold, T2 at or below
     side = "at_least" if holds_above == bool(paper) else "at_most"
     return Rule(f"{finding}: {TABLE3_QUANTITIES[kind]} (nats), range over seeds", **{side: limit},
-                why=f"{kind} = {limit:g} nats, fixed before the run (docs/thresholds.md); the paper's Table 3 "
-                    f"{'meets' if paper else 'misses'} it")
+                why=f"{kind} = {limit:g} nats (when and on what runs it was set: docs/thresholds.md); the paper's "
+                    f"Table 3 {'meets' if paper else 'misses'} it")
 
 
 def agreement(ours: list[bool], paper: bool) -> float:

@@ -181,7 +181,7 @@ def test_the_committed_page_has_both_columns_the_three_kinds_and_n_everywhere():
     every reproduction of two values or more with its interval."""
     page = (ROOT / "docs" / "reproductions.md").read_text(encoding="utf-8")
     sections = ["## Reproductions (counted)", "## Illustrations (shown, not counted)",
-                "## The course's own findings (no paper)", "## The rules, fixed before the runs"]
+                "## The course's own findings (no paper)", "## The rules"]
     assert [page.index(s) for s in sections] == sorted(page.index(s) for s in sections)
     assert "| FAST: course | FAST: verdict | full size: course | full size: verdict |" in page
     reps = page[page.index(sections[0]):page.index(sections[1])]
