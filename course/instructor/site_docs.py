@@ -1,5 +1,5 @@
 """The course site's documentation pages: docs/README.md (the index, ``docs.html``) and every other docs/*.md
-(``NAME.html``), and the links of every page of the site pointed at them.
+(``NAME.html``), and the links of every page of the site pointed at them and at the notebooks' pages.
 
 A link between the course's markdown pages (``setup.md#colab-and-binder``, ``../docs/references.md``,
 ``../README.md``) becomes a link between the site's pages (``setup.html#colab-and-binder``, ``references.html``,
@@ -27,10 +27,13 @@ ANCHOR_LINK = re.compile(r'<a class="anchor-link" href="#[^"]*">[^<]*</a>')
 
 def page_of(repo_path: str) -> str | None:
     """The site's page for a file of the repository (a POSIX path from its root), or None when it has none:
-    README.md is index.html, docs/README.md docs.html, docs/NAME.md NAME.html."""
+    README.md is index.html, docs/README.md docs.html, docs/NAME.md NAME.html, notebooks/NN_name.ipynb (a solution
+    notebook, or its student copy) NN_name.html."""
     path = PurePosixPath(repo_path)
     if path == PurePosixPath("README.md"):
         return "index.html"
+    if path.parent in (PurePosixPath("notebooks"), PurePosixPath("notebooks/student")) and path.suffix == ".ipynb":
+        return f"{path.stem}.html"
     if path.parent == PurePosixPath("docs") and path.suffix == ".md":
         return DOCS_INDEX if path.name == DOCS_README else f"{path.stem}.html"
     return None

@@ -159,7 +159,8 @@ def test_every_docs_page_is_a_page_with_its_links_pointed_at_the_sites_pages(rep
                                    "[refs](references.md).\n", encoding="utf-8")
     (repo / "README.md").write_text(README + "\nDetails: [setup](docs/setup.md#colab-and-binder).\n", encoding="utf-8")
     nb = executed_notebook("Notebook 01_first")
-    nb.cells[0].source += "\n\nSee [the ledger](../docs/setup.md#notes) and [home](../README.md)."
+    nb.cells[0].source += ("\n\nSee [the ledger](../docs/setup.md#notes), [home](../README.md) and "
+                           "[the next notebook](02_second.ipynb).")
     nbformat.write(nb, executed / "01_first.ipynb")
     out = tmp_path / "site"
     result = build_site(executed, out, repo)
@@ -173,7 +174,7 @@ def test_every_docs_page_is_a_page_with_its_links_pointed_at_the_sites_pages(rep
     assert 'href="setup.html"' in index and 'href="index.html"' in index and '.md"' not in index
     assert 'href="setup.html#colab-and-binder"' in (out / "index.html").read_text(encoding="utf-8")
     page = (out / "01_first.html").read_text(encoding="utf-8")
-    assert 'href="setup.html#notes"' in page and 'href="index.html"' in page
+    assert 'href="setup.html#notes"' in page and 'href="index.html"' in page and 'href="02_second.html"' in page
 
 
 def test_a_docs_page_linking_to_a_file_the_site_does_not_hold_is_refused(repo, executed, tmp_path):
