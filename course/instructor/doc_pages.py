@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
-__all__ = ["slug", "anchors", "relative_links", "broken_links", "pages", "INDEX"]
+__all__ = ["slug", "numbered", "anchors", "relative_links", "broken_links", "pages", "INDEX"]
 
 INDEX = "README.md"  # docs/README.md: every page under docs/, grouped by reader
 HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.M)
@@ -40,14 +40,16 @@ def _prose(text: str) -> str:
 def anchors(text: str) -> set[str]:
     """Every anchor a markdown page defines: its headings' slugs (a repeated one numbered -1, -2, ... as GitHub
     does) and its explicit ``<a id="...">``."""
-    found: set[str] = set(EXPLICIT.findall(text))
     seen: dict[str, int] = {}
-    for _, heading in HEADING.findall(_prose(text)):
-        base = slug(heading)
-        n = seen.get(base, 0)
-        found.add(base if n == 0 else f"{base}-{n}")
-        seen[base] = n + 1
-    return found
+    return set(EXPLICIT.findall(text)) | {numbered(slug(heading), seen) for _, heading in HEADING.findall(_prose(text))}
+
+
+def numbered(base: str, seen: dict[str, int]) -> str:
+    """``base`` the first time ``seen`` meets it, then ``base-1``, ``base-2``, ... (GitHub's rule for repeated
+    headings); ``seen`` counts, one dict per page."""
+    n = seen.get(base, 0)
+    seen[base] = n + 1
+    return base if n == 0 else f"{base}-{n}"
 
 
 def relative_links(text: str) -> list[str]:

@@ -72,13 +72,15 @@ def check_executed(nb: nbformat.NotebookNode, path: Path) -> None:
             raise ValueError(f"{path}: code cell {i} ended in an error; the site is built from notebooks that ran")
 
 
+def _heading(markdown: str) -> str | None:
+    """The first top-level heading of ``markdown``, without its emphasis and code marks, or None."""
+    m = re.search(r"^#\s+(.+)$", markdown, re.M)
+    return re.sub(r"[*`]", "", m.group(1)).strip() if m else None
+
+
 def _title(nb: nbformat.NotebookNode, fallback: str) -> str:
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            m = re.search(r"^#\s+(.+)$", cell.source, re.M)
-            if m:
-                return re.sub(r"[*`]", "", m.group(1)).strip()
-    return fallback
+    found = (_heading(cell.source) for cell in nb.cells if cell.cell_type == "markdown")
+    return next((h for h in found if h), fallback)
 
 
 def _run_line(nb: nbformat.NotebookNode) -> str:
@@ -234,8 +236,7 @@ def _doc_bodies(executed: Path, root: Path) -> dict[str, tuple[str, str]]:
         if text is None:
             bodies[page] = (title, f"<h1>{title}</h1><p>{absent}</p>")
             continue
-        found = re.search(r"^#\s+(.+)$", text, re.M)
-        title = re.sub(r"[*`]", "", found.group(1)).strip() if found else title
+        title = _heading(text) or title
         bodies[page] = (title, heading_ids(site_links(_markdown(text), "docs", f"docs/{path.name}" if path else page)))
     return bodies
 

@@ -15,7 +15,7 @@ import re
 from pathlib import Path, PurePosixPath
 
 from course.instructor.doc_pages import INDEX as DOCS_README
-from course.instructor.doc_pages import slug
+from course.instructor.doc_pages import numbered, slug
 
 __all__ = ["DOCS_INDEX", "doc_sources", "page_of", "site_links", "heading_ids"]
 
@@ -88,10 +88,7 @@ def heading_ids(rendered: str) -> str:
     def give(m: re.Match) -> str:
         level, attrs, inner = m.groups()
         text = ANCHOR_LINK.sub("", inner)
-        base = slug(html.unescape(re.sub(r"<[^>]+>", "", text)))
-        n = seen.get(base, 0)
-        seen[base] = n + 1
-        anchor = html.escape(base if n == 0 else f"{base}-{n}")
+        anchor = html.escape(numbered(slug(html.unescape(re.sub(r"<[^>]+>", "", text))), seen))
         attrs = re.sub(r'\s+id="[^"]*"', "", attrs)
         inner = ANCHOR_LINK.sub(f'<a class="anchor-link" href="#{anchor}">&#182;</a>', inner)
         return f'<h{level}{attrs} id="{anchor}">{inner}</h{level}>'
