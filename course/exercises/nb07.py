@@ -79,8 +79,8 @@ def _check_protocol(fn) -> None:
         said = f"{case}: expected perplexity {want:.4f}, got {got:.4f}"
         full = _perplexity_with_course(model, ids, 24, FullCache())
         if abs(got - full) <= 1e-6 * full:
-            raise Wrong(f"{said}, the full-cache perplexity: compress the context's cache (compress_prompt), and score "
-                        "the continuation through that cache")
+            raise Wrong(f"{said}: that is the full-cache perplexity; compress the context's cache (compress_prompt), "
+                        "and score the continuation through that cache")
         if any(n > 1 for n in guarded.calls[1:]):
             raise Wrong(f"{said}: after compressing, feed one token at a time: several tokens at once attend with full "
                         "attention to each other and the policy does not evict between them")
