@@ -9,7 +9,8 @@ __all__ = ["MODEL_NAMES", "check_model_name", "SEED_MAX", "DEVICE_PATTERN", "VAR
 
 SEED_MAX = 2**32 - 1  # seeds: what every generator (torch, numpy, random) accepts
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?|mps"  # a device name (whether it exists is checked when it is used)
-MODEL_NAMES = ("auto", "gpt2", "smollm2-135m", "gpt2-random")  # plus any supported Hugging Face checkpoint
+# plus any supported Hugging Face checkpoint; gpt2-tiny-random: GPT-2's code at 4 layers, width 128 (tests)
+MODEL_NAMES = ("auto", "gpt2", "smollm2-135m", "gpt2-random", "gpt2-tiny-random")
 VARIANTS = ("vanilla", "sink-token", "sink-logit", "off-by-one", "gated")  # notebook 06's models (course.train)
 
 

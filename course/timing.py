@@ -31,6 +31,15 @@ def count_flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
+def output_matrix_flops(model: CausalLM) -> int:
+    """FLOPs of the output matrix (final hidden state -> vocabulary logits) at one position: the part of a
+    forward with ``logits_to_keep=1`` that does not grow with the tokens. Small models spend most of their
+    weight work there (SmolLM2: a fifth of its weights; a 128-wide model with SmolLM2's vocabulary: most)."""
+    x = torch.zeros(1, 1, model.config.d_model, device=model.device, dtype=next(model.parameters()).dtype)
+    with torch.inference_mode():
+        return count_flops(lambda: model.lm_head(x))
+
+
 def median_seconds(fn: Callable[[], object], reps: int = 5, warmup: int = 1, device: torch.device | None = None) -> float:
     """Median wall time of ``fn()`` over ``reps`` runs after ``warmup`` runs."""
     return alternate({"fn": fn}, reps, warmup, device)["fn"]
@@ -71,12 +80,14 @@ def decode_cost_vs_context(model: CausalLM, ids: torch.Tensor, contexts: list[in
     recompute: one full forward over the ``T + 1`` tokens (what decoding without a cache does; the output
     matrix only at the last position, the one that picks the next token).
     Returns {"context": [...], "cached": [...], "recompute": [...]} (seconds per token, medians of
-    alternating runs) and "cached_flops", "recompute_flops" (counted: the same on any machine).
+    alternating runs), "cached_flops", "recompute_flops" (counted: the same on any machine) and "output_flops"
+    (``output_matrix_flops``: the part of either that is the output matrix, the same at every context).
     """
     if max(contexts) + 1 > ids.shape[1]:
         raise ValueError(f"ids has {ids.shape[1]} tokens; contexts up to {max(contexts)} need {max(contexts) + 1}")
     model.config.check_tokens(max(contexts) + 1, f"decoding after a context of {max(contexts)} tokens")
-    out: dict[str, list] = {"context": [], "cached": [], "recompute": [], "cached_flops": [], "recompute_flops": []}
+    out: dict = {"context": [], "cached": [], "recompute": [], "cached_flops": [], "recompute_flops": [],
+                 "output_flops": output_matrix_flops(model)}
     dev = model.device
     for t in contexts:
         cache = model.new_cache(1)
@@ -107,7 +118,9 @@ def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, wind
     streaming: a decode step on a full [n_sink | window] cache (one eviction in place per token);
     recompute: a fresh forward over the last ``n_sink + window`` tokens (the paper's baseline; the output
     matrix only at the last position, the one that predicts the next token).
-    ``ids`` needs at least n_sink + window + (reps + 3) * steps + 1 tokens.
+    ``ids`` needs at least n_sink + window + (reps + 3) * steps + 1 tokens. Returns per-token seconds, "speedup",
+    "flops_ratio" (counted weight work of a recomputation over a streaming step) and "block_flops_ratio" (the
+    same without the output matrix, which both run once: the work that grows with the window).
     """
     from course.policies import make_policy
 
@@ -131,9 +144,11 @@ def streaming_vs_recompute(model: CausalLM, ids: torch.Tensor, n_sink: int, wind
 
     times = alternate_times({"streaming": stream, "recompute": recompute}, reps, 1, model.device)
     per_token = {k: statistics.median(v) / steps for k, v in times.items()}
-    flops_ratio = count_flops(recompute) / count_flops(stream)  # counted on the next step: the same on any machine
+    flops = {"recompute": count_flops(recompute), "stream": count_flops(stream)}  # the next step: the same anywhere
+    head = output_matrix_flops(model)
     return {**per_token, "speedup": per_token["recompute"] / per_token["streaming"], "cache_tokens": budget,
-            "flops_ratio": flops_ratio,
+            "flops_ratio": flops["recompute"] / flops["stream"],
+            "block_flops_ratio": (flops["recompute"] - head) / (flops["stream"] - head),
             "speedups": [r / s for r, s in zip(times["recompute"], times["streaming"])]}  # one per repetition
 
 

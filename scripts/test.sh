@@ -4,8 +4,9 @@
 # outputs/ (papermill: an error or a failed assertion stops the run; the notebooks' scientific claims are asserted
 # there); then the unit tests, the browser test of the course site built from outputs/, and a class graded for real
 # (tests/instructor/test_class_grading.py): every student copy released for graded use, filled in as an honest student would
-# and graded with `course grade --key --jobs 2`, which also executes every student copy end to end on gpt2-random
-# (GPT-2's architecture and shapes, random weights: the GPT-2 code paths offline, its claims recorded, not asserted).
+# and graded with `course grade --key --jobs 2`, which also executes every student copy end to end on
+# gpt2-tiny-random (GPT-2's architecture at 4 layers and width 128, random weights: the GPT-2 code paths offline in
+# seconds a notebook, its claims recorded, not asserted).
 #
 # --quick: the contributor suite instead, every test not marked `slow` (no notebook or grading kernel, no training,
 # no long run of the real model: a few minutes on two cores), after the same set-up and ruff; further arguments

@@ -73,7 +73,8 @@ def unit_float(text: str) -> float:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", type=model_name,
-                   help="auto, gpt2, smollm2-135m (default), gpt2-random, or a Hugging Face checkpoint")
+                   help="auto, gpt2, smollm2-135m (default), gpt2-random, gpt2-tiny-random, or a Hugging Face "
+                        "checkpoint")
     p.add_argument("--device", default="auto", type=device_name, help="cpu, cuda, cuda:N, mps or auto")
 
 

@@ -55,7 +55,8 @@ def _info(args: argparse.Namespace) -> dict:
         "cpu_threads": torch.get_num_threads(),
         "cache_dir": str(assets.cache_dir()),
         "models": {"smollm2-135m": status["smollm2-135m"], "gpt2": gpt2_ok,
-                   "gpt2-random": status["smollm2-135m"]},  # random weights, SmolLM2's tokenizer
+                   "gpt2-random": status["smollm2-135m"],  # random weights, SmolLM2's tokenizer
+                   "gpt2-tiny-random": status["smollm2-135m"]},
         "corpora": {"austen": status["austen"]},
         "problems": {name: [str(p) for p in found] for name, found in problems.items()},
         "verified": "sha256" if args.verify else "size and mtime",
@@ -76,6 +77,7 @@ def _info(args: argparse.Namespace) -> dict:
         print(f"model smollm2-135m: {state('smollm2-135m')}")
         print(f"model gpt2:         {yes[gpt2_ok]} ({gpt2_why})")
         print(f"model gpt2-random:  {state('smollm2-135m')} (GPT-2's shapes, random weights, SmolLM2's tokenizer)")
+        print(f"model gpt2-tiny-random: {state('smollm2-135m')} (the same at 4 layers, width 128)")
         print(f"corpus austen:      {state('austen')}")
         if not all(status.values()):
             print("Run `python -m course fetch` to bring the missing assets and repair damaged ones.")

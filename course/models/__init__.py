@@ -135,18 +135,22 @@ def load_hf_model(name: str, dtype: torch.dtype = torch.float32, attn: str = "ea
     return hf.eval(), tok
 
 
-def gpt2_random(seed: int = 0):
+def gpt2_random(seed: int = 0, tiny: bool = False):
     """GPT-2 small's architecture and shapes (12 layers, 12 heads, width 768, 1024 learned positions,
     LayerNorm, biases) with random weights (GPT-2's initialisation), and SmolLM2's tokenizer (GPT-2's own is
-    on the hub only). Untrained: it has no attention sink. Returns (model, tokenizer)."""
+    on the hub only). Untrained: it has no attention sink. Returns (model, tokenizer).
+
+    ``tiny=True`` (``gpt2-tiny-random``): the same code paths at 4 layers, 4 heads of 32, width 128: every
+    notebook runs end to end through GPT-2's code in seconds (the class-grading test's kernels)."""
     from transformers import AutoTokenizer
 
     from course import assets
 
     tok = AutoTokenizer.from_pretrained(str(assets.require("smollm2-135m")))
-    cfg = ModelConfig(family="gpt2", vocab_size=len(tok), n_layer=12, n_head=12, n_kv_head=12, d_model=768,
-                      head_dim=64, d_ff=3072, max_positions=1024, norm_eps=1e-5, name="gpt2-random",
-                      random_weights=True)
+    layers, heads, width = (4, 4, 128) if tiny else (12, 12, 768)
+    cfg = ModelConfig(family="gpt2", vocab_size=len(tok), n_layer=layers, n_head=heads, n_kv_head=heads,
+                      d_model=width, head_dim=width // heads, d_ff=4 * width, max_positions=1024, norm_eps=1e-5,
+                      name="gpt2-tiny-random" if tiny else "gpt2-random", random_weights=True)
     return build_model(cfg).init_weights(seed).eval(), tok
 
 
@@ -162,8 +166,8 @@ def load_model(name: str = "auto", device: str | torch.device = "auto", dtype: t
         name = "gpt2" if ok else "smollm2-135m"
         if verbose:
             print(f"model='auto' picked {name} (gpt2 {why})")
-    if name == "gpt2-random":
-        model, tok = gpt2_random()
+    if name in ("gpt2-random", "gpt2-tiny-random"):
+        model, tok = gpt2_random(tiny=name == "gpt2-tiny-random")
         return model.to(dev, dtype), tok
     hf, tok = load_hf_model(name, dtype)
     model = from_transformers(hf, name).to(dev)

@@ -4,8 +4,9 @@ else changed) and graded with ``python -m course grade --key --jobs 2``. Every n
 put up for review and no cell raising; a wrong build costs exactly its points; the key's held-out passages decide
 the capstone.
 
-This one run also executes every student copy end to end, on ``gpt2-random`` (GPT-2's code paths offline: the
-notebooks' scientific claims are recorded there, not asserted)."""
+This one run also executes every student copy end to end, on ``gpt2-tiny-random`` (GPT-2's code paths offline at
+4 layers and width 128, a few seconds a notebook: the notebooks' scientific claims are recorded there, not
+asserted)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def graded(graded_release, tmp_path_factory) -> dict:
         shutil.copy(copy, root / "class" / "blank" / copy.name)
     out = root / "gradebook"
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("COURSE_MODEL", "gpt2-random")  # the kernels' model: the student copies' GPT-2 code paths
+        env.setenv("COURSE_MODEL", "gpt2-tiny-random")  # the kernels' model: the student copies' GPT-2 code paths
         assert main(["grade", str(root / "class"), "--key", str(key), "--jobs", "2", "--out", str(out),
                      "--json"]) == 0
     rows = json.loads((out / "gradebook.json").read_text())

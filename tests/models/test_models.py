@@ -225,6 +225,20 @@ def test_gpt2_random_has_gpt2_shapes_and_no_sink():
     assert mass.mean() < 3 * uniform_mass(ids.shape[1], k=1), "an untrained model has no attention sink"
 
 
+def test_gpt2_tiny_random_is_gpt2_small_scaled_down():
+    """The class-grading test's kernel model: GPT-2's code paths (learned positions, LayerNorm, biases, full
+    multi-head attention) at 4 layers of 4 heads, width 128, on the same tokenizer and position table."""
+    model, tok = load_model("gpt2-tiny-random", "cpu")
+    full, _ = load_model("gpt2-random", "cpu")
+    c, f = model.config, full.config
+    assert (c.family, c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.head_dim, c.d_ff) == ("gpt2", 4, 4, 4, 128, 32, 512)
+    assert (c.vocab_size, c.max_positions, c.norm_eps, c.random_weights) == (f.vocab_size, f.max_positions,
+                                                                            f.norm_eps, True)
+    assert type(model) is type(full) and type(model.blocks[0].attn) is type(full.blocks[0].attn)
+    assert model.blocks[0].attn.qkv.bias is not None and not c.reassigns_positions
+    assert sum(p.numel() for p in model.parameters()) < 8e6
+
+
 def test_gpt2_positions_beyond_table():
     model = tiny_model("gpt2", max_positions=16)
     with pytest.raises(ValueError, match="position 16 does not exist"):
