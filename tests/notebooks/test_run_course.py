@@ -22,6 +22,7 @@ printf '%s\\n' "$@" > "$RECORD"
 FAKE_PAPERMILL = """#!/usr/bin/env bash
 # papermill --log-level WARNING IN OUT -p FAST VALUE: records its arguments, writes IN as if it had run
 echo "$@" >> "$RECORD"
+echo "${COURSE_THREADS:-unset}" >> "$RECORD.threads"
 python - "$3" "$4" <<'PY'
 import sys, nbformat
 nb = nbformat.read(sys.argv[1], as_version=4)
@@ -127,7 +128,45 @@ def test_site_executes_every_solution_then_builds_the_site(clone, args, fast):
     assert git(clone, "status", "--porcelain") == ""  # outputs/ and site/ are ignored
 
 
+def test_jobs_run_every_solution_longest_first_on_one_thread_each(clone):
+    """``--jobs 2``: two notebooks at once, in the order of docs/notebook-times.md's FAST table, longest first,
+    each kernel on one torch thread (``COURSE_THREADS=1``), so two kernels never ask for more threads than cores."""
+    from course.instructor.notebook_times import read_times
+
+    threads = clone.parent / f"{clone.name}-record.txt.threads"
+    threads.unlink(missing_ok=True)
+    proc, calls = run(clone, "--execute", "--fast", "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr
+    solutions = sorted(p.name for p in (clone / "notebooks").glob("[0-9]*.ipynb"))
+    times = read_times(clone / "docs/notebook-times.md", fast=True)
+    longest_first = sorted(solutions, key=lambda n: -times.get(n.removesuffix(".ipynb"), 0))
+    assert f"{len(solutions)} notebooks, 2 at once, the longest first: " in proc.stdout
+    assert proc.stdout.split("the longest first: ")[1].split("\n")[0].split() == [f"notebooks/{n}" for n in longest_first]
+    assert sorted(c.split()[2] for c in calls) == [f"notebooks/{n}" for n in solutions]
+    assert sorted((clone / "outputs").glob("[0-9]*.ipynb")) == [clone / "outputs" / n for n in solutions]
+    for name in solutions:
+        assert f"== {name}: 0 min" in proc.stdout
+    assert "no frozen progress bar" in proc.stdout and git(clone, "status", "--porcelain") == ""
+    assert threads.read_text().split() == ["1"] * len(solutions)
+
+
+def test_a_failing_notebook_under_jobs_fails_the_run_and_is_named(clone):
+    broken = clone / "notebooks" / "05_snapkv.ipynb"
+    text = broken.read_text()
+    try:
+        broken.write_text("{ not json")
+        proc, _ = run(clone, "--execute", "--fast", "--jobs", "2")
+    finally:
+        broken.write_text(text)
+    assert proc.returncode == 1 and "failed: notebooks/05_snapkv.ipynb" in proc.stderr
+    assert "== 05_snapkv.ipynb: FAILED" in proc.stdout
+
+
 @pytest.mark.parametrize(("args", "message"), [
+    (["--execute", "--jobs", "0"], "--jobs takes a number of notebooks at once, 1 to 99, got '0'"),
+    (["--execute", "--jobs", "two"], "--jobs takes a number of notebooks at once, 1 to 99, got 'two'"),
+    (["--execute", "--jobs"], "--jobs takes a number of notebooks at once, 1 to 99"),
+    (["--jobs", "2"], "--jobs applies to --execute and --site only"),
     (["--fast"], "--fast applies to --execute only"),
     (["--student"], "unknown option '--student'"),
     (["--execute", "--instructor"], "--instructor, --execute and --site exclude each other"),
