@@ -488,7 +488,8 @@ def test_notebook_parameters_are_typed(monkeypatch, capsys):
     bad = [
         (("notabool", "auto"), {}, r"FAST must be True, False or \"auto\", got 'notabool' \(str\)"),
         ((1, "auto"), {}, r"FAST must be True, False or \"auto\", got 1 \(int\)"),
-        ((False, "gpt-9"), {}, r"MODEL: model must be one of auto, gpt2, smollm2-135m, gpt2-random, or a Hugging "
+        ((False, "gpt-9"), {}, r"MODEL: model must be one of auto, gpt2, smollm2-135m, gpt2-random, gpt2-tiny-random, "
+                                r"or a Hugging "
                                 r"Face checkpoint \(org/name, or a local folder\); got 'gpt-9'"),
         ((False, "auto", -1), {}, r"SEED must be an integer from 0 to 4294967295, got -1"),
         ((False, "auto", 2**64), {}, r"SEED must be an integer"),

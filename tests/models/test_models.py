@@ -187,7 +187,7 @@ def test_attention_weights_are_returned_and_normalised(family):
 
 # ----------------------------------------------------------------------------- bad input
 def test_unknown_model_name():
-    with pytest.raises(ValueError, match="model must be one of .*gpt2-random, or a Hugging Face checkpoint"):
+    with pytest.raises(ValueError, match="model must be one of .*gpt2-random, gpt2-tiny-random, or a Hugging Face checkpoint"):
         load_model("gpt-5")
 
 
