@@ -22,9 +22,11 @@ Three kinds of row, kept apart (``docs/reproductions.md`` counts only the first)
 * **the course's own finding** (``finding``, ``report``): a statement no paper measured, judged by a rule the
   course fixed: *holds*, *does not hold*, or *inconclusive at n = ...*. Never "reproduced".
 
-Uncertainty. A verdict is judged on an interval, never on a point (``course.stats.interval``): a bootstrap 95 %
-interval of the median (or mean) from 8 values on, the full range of 2 to 7 values (which covers the median with
-probability 1 - 2^(1-n), printed with it). Thresholds are chosen on the exploration split and asserted on the
+Uncertainty. A verdict is judged on an interval, never on a point (``course.stats.interval``): for a median the
+order-statistic interval of at least 95 % coverage (exact for any continuous distribution; the range of 6 to 8
+values, the 2nd smallest to the 2nd largest from 9), for a mean a nominal 95 % bootstrap interval; every interval
+prints its coverage. A verdict needs ``MIN_FOR_CLAIM`` (5) values: from 2 to 4 it is *inconclusive at n = ...*
+whatever the values, the reason saying where they lie. Thresholds are chosen on the exploration split and asserted on the
 confirmation split (``course.splits``, ``python -m course explore``). *Reproduced* needs the
 whole interval to clear the rule's threshold; an interval that straddles a threshold is *inconclusive at n =
 ...* (raise n in the full run rather than lower the bar). Every row carries its n.
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from course.stats import Interval, interval
+from course.stats import MIN_FOR_CLAIM, Interval, interval
 
 __all__ = ["ClaimFailed", "Claim", "claim", "report", "RECORDED", "Rule", "Reproduction", "reproduction",
            "illustration", "finding", "REPRODUCTIONS", "show_reproductions", "REPRODUCTION_MIME", "VERDICTS",
@@ -162,9 +164,9 @@ class Rule:
         try:
             iv = interval(measured, self.statistic)
         except (TypeError, ValueError):  # None, NaN or no value: nothing was measured
-            return NOT_REPRODUCED, f"{self.quantity}: no number was measured", Interval(float("nan"), float("nan"),
-                                                                                         float("nan"), 0, "none",
-                                                                                         self.statistic)
+            nan = float("nan")
+            return (NOT_REPRODUCED, f"{self.quantity}: no number was measured",
+                    Interval(nan, nan, nan, 0, "none", self.statistic))
         up = self.at_least is not None
         sign, miss = (">=", "<") if up else ("<=", ">")
         bounds = [self.threshold] + ([self.partly] if self.partly is not None else [])
@@ -178,14 +180,19 @@ class Rule:
         if iv.n > 1:
             at += f" ({iv.how} {iv.low:.3g} to {iv.high:.3g}, n = {iv.n})"
         whole = "" if iv.n == 1 else "the whole interval "
-        if lo == hi == 2:
-            return REPRODUCED, f"{at}: {whole}{sign} {self.threshold:g}", iv
-        if lo == hi == 1:
-            return PARTLY, f"{at}: {whole}{sign} {self.partly:g} but {miss} {self.threshold:g}", iv
-        if lo == hi == 0:
-            return NOT_REPRODUCED, f"{at}: {whole}{miss} {bounds[-1]:g}", iv
-        straddled = " and ".join(f"{b:g}" for b in bounds if iv.low <= b <= iv.high)
-        return f"{INCONCLUSIVE} at n = {iv.n}", f"{at}: the interval straddles {straddled}", iv
+        if lo != hi:
+            straddled = " and ".join(f"{b:g}" for b in bounds if iv.low <= b <= iv.high)
+            return f"{INCONCLUSIVE} at n = {iv.n}", f"{at}: the interval straddles {straddled}", iv
+        if lo == 2:
+            verdict, where = REPRODUCED, f"{sign} {self.threshold:g}"
+        elif lo == 1:
+            verdict, where = PARTLY, f"{sign} {self.partly:g} but {miss} {self.threshold:g}"
+        else:
+            verdict, where = NOT_REPRODUCED, f"{miss} {bounds[-1]:g}"
+        if 1 < iv.n < MIN_FOR_CLAIM:  # the range of so few values covers the median too rarely for a verdict
+            return (f"{INCONCLUSIVE} at n = {iv.n}", f"{at}: {whole}{where}, but a verdict needs {MIN_FOR_CLAIM} "
+                    f"values (the range of {iv.n} covers the median {iv.coverage:.0%} of the time)", iv)
+        return verdict, f"{at}: {whole}{where}", iv
 
     def verdict(self, measured) -> tuple[str, str]:
         """``(verdict, reason)`` for ``measured`` (``judge`` without the interval)."""
@@ -213,7 +220,7 @@ class Reproduction:
     n: int = 1          # how many values (passages, seeds, prompts, repetitions) the verdict rests on
     low: float | None = None    # the interval the verdict was judged on
     high: float | None = None
-    interval: str = "one value"  # which interval: "95% bootstrap interval", "range", "one value"
+    interval: str = "one value"  # which interval (course.stats): "range", "order-statistic interval", "one value"
 
 
 REPRODUCTIONS: list[Reproduction] = []

@@ -2,7 +2,7 @@
 
     passages = sample_passages(tokenizer, 8, 512)              # the novels' openings, then mid-text passages
     ppl = stream_passages(model, passages, {"window": make_policy("window", 64, model=model), ...}, start=64)
-    print(spread(ppl["window"]))                                # median, mean, range (an interval from 8 on)
+    print(spread(ppl["window"]))                                # median, mean, range (a 95% interval from 6 on)
 
 Passages are drawn reproducibly (a seed) from all six Austen novels: first the openings of some novels
 (half the passages by default), then passages that begin at a paragraph start at random places inside
@@ -30,7 +30,7 @@ from course.assets import AUSTEN_BOOKS
 from course.data import load_split_text
 from course.models.base import CausalLM
 from course.policies import Policy
-from course.stats import MIN_FOR_INTERVAL, bootstrap_interval, range_coverage
+from course.stats import LEVEL, MIN_FOR_INTERVAL, median_interval
 from course.splits import SPLITS, check_split, record_text, split_seed
 from course.streaming import evaluate_stream
 
@@ -59,9 +59,9 @@ class Passage:
 
 @dataclass(frozen=True)
 class Spread:
-    """How a metric varies over passages: its values and their summary. ``ci``: a bootstrap 95 % interval of
-    the median when there are at least ``MIN_FOR_INTERVAL`` values, else None: the values themselves are shown,
-    with the coverage of their range [low, high], 1 - 2^(1-n) (``course.stats.range_coverage``)."""
+    """How a metric varies over passages: its values and their summary. ``ci``: the order-statistic interval of
+    the median at ``coverage`` >= 95 % (``course.stats.median_interval``) from ``MIN_FOR_INTERVAL`` values on,
+    else None: the values themselves are shown, with the coverage of their range [low, high], 1 - 2^(1-n)."""
 
     values: tuple[float, ...]
     mean: float
@@ -69,28 +69,31 @@ class Spread:
     low: float
     high: float
     ci: tuple[float, float] | None
+    coverage: float
 
     def __str__(self) -> str:
         n = len(self.values)
         if self.ci is not None:
-            return (f"median {self.median:.3g} (95% CI {self.ci[0]:.3g}-{self.ci[1]:.3g}), mean {self.mean:.3g}, "
-                    f"range {self.low:.3g}-{self.high:.3g} over {n} passages")
+            return (f"median {self.median:.3g} ({self.coverage:.0%} interval {self.ci[0]:.3g}-{self.ci[1]:.3g}), "
+                    f"mean {self.mean:.3g}, range {self.low:.3g}-{self.high:.3g} over {n} passages")
         return (f"median {self.median:.3g}, mean {self.mean:.3g}, values {', '.join(f'{v:.3g}' for v in self.values)} "
-                f"over {n} passages (too few for a bootstrap interval: n < {MIN_FOR_INTERVAL}; their range covers the "
-                f"median with probability 1 - 2^(1-n) = {range_coverage(n):.0%})")
+                f"over {n} passages (too few for a 95% interval of the median: n < {MIN_FOR_INTERVAL}; their range "
+                f"covers it with probability 1 - 2^(1-n) = {self.coverage:.0%})")
 
     def share(self, holds) -> float:
         """Share of the passages whose value satisfies ``holds(value)``."""
         return sum(bool(holds(v)) for v in self.values) / len(self.values)
 
 
-def spread(values, seed: int = 0, resamples: int = 2000) -> Spread:
-    """Summary of a metric over passages (at least two values; an interval from ``MIN_FOR_INTERVAL`` on)."""
+def spread(values) -> Spread:
+    """Summary of a metric over passages (at least two values; a 95 % interval of the median from
+    ``MIN_FOR_INTERVAL`` on)."""
     values = tuple(float(v) for v in values)
     if len(values) < 2 or not all(math.isfinite(v) for v in values):
         raise ValueError(f"spread needs at least two finite values, got {values}")
-    ci = bootstrap_interval(values, "median", seed, resamples) if len(values) >= MIN_FOR_INTERVAL else None
-    return Spread(values, statistics.fmean(values), statistics.median(values), min(values), max(values), ci)
+    low, high, _, coverage = median_interval(values)
+    ci = (low, high) if coverage >= LEVEL else None
+    return Spread(values, statistics.fmean(values), statistics.median(values), min(values), max(values), ci, coverage)
 
 
 def _from_first_paragraph(text: str, start: int) -> tuple[str, int]:

@@ -1,23 +1,29 @@
 """How sure a number is: the interval every verdict of the course is judged on.
 
 A verdict computed from a point value (a median over four passages) hides how much the next four passages
-could move it. Every verdict the course prints is judged on an interval instead (``interval``):
+could move it. Every verdict the course prints is judged on an interval instead (``interval``), one whose
+stated coverage is true:
 
-* from ``MIN_FOR_INTERVAL`` values on, a bootstrap 95 % interval of the statistic (the values resampled with
-  replacement, 2000 times, with a fixed seed so that a run gives the same interval again);
-* with fewer values (2 to 7), the full range [min, max]. Its coverage is *not* 95 %: over n independent
-  values, [min, max] misses the population median only when all n fall on one side of it, so it covers the
-  median with probability 1 - 2^(1-n) (``range_coverage``): 50 % at n = 2, 75 % at 3, 88 % at 4, 94 % at 5,
-  97 % at 6, 98 % at 7. A bootstrap interval from so few values is narrower still and covers less, which is
-  why the range is used; every interval prints its coverage, so that a verdict from three values is read as
-  the 75 % statement it is;
-* with one value (a configuration's arithmetic, one timing), the value itself.
+* the median of n values: the distribution-free interval [x_(k), x_(n+1-k)] between the k-th smallest and the
+  k-th largest value. It misses the population median only when k or more of the n values fall on one side of
+  it, so it covers the median with probability exactly
 
-A claim a notebook asserts is asserted on the interval's cautious bound, not on its median (``bound``):
-"at most 1.3" needs the interval's top at most 1.3. It needs ``MIN_FOR_CLAIM`` values, or says that it rests
-on fewer.
+      C(n, k) = 1 - 2 P(Binomial(n, 1/2) <= k - 1)                        (``order_coverage``)
 
-    interval([1.2, 1.5, 0.9, 1.1])            # Interval(point=1.15, low=0.9, high=1.5, n=4, how="range")
+  for any continuous distribution. ``interval`` takes the largest k with C(n, k) >= 95 %; from 2 to 5 values
+  no k reaches it, and the interval is the range (k = 1), printed with what it does cover, 1 - 2^(1-n): 50 % at
+  n = 2, 75 % at 3, 88 % at 4, 94 % at 5. The first n at which a 95 % interval exists is ``MIN_FOR_INTERVAL``
+  (6: the range of six values covers 97 %); k = 2 first reaches it at n = 9, k = 3 at n = 12;
+* the mean: a percentile bootstrap interval (2000 resamples, a fixed seed), labelled *nominal* 95 %: at the n
+  of a notebook its true coverage is below that, and nothing here claims otherwise;
+* one value (a configuration's arithmetic, one memory measurement): the value itself.
+
+A verdict needs ``MIN_FOR_CLAIM`` values; from fewer (2 to 4) a rule says *inconclusive* with its n
+(``course.claims.Rule.judge``). A claim a notebook asserts is asserted on the interval's cautious bound, not on its
+median (``bound``): "at most 1.3" needs the interval's top at most 1.3; on fewer than ``MIN_FOR_CLAIM`` values it
+says so.
+
+    interval([1.2, 1.5, 0.9, 1.1])            # Interval(point=1.15, low=0.9, high=1.5, n=4, how="range", ...)
     interval([1.2, 1.5, 0.9, 1.1]).coverage   # 0.875
 """
 
@@ -29,37 +35,56 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MIN_FOR_INTERVAL", "MIN_FOR_CLAIM", "STATISTICS", "Interval", "interval", "bootstrap_interval",
-           "range_coverage", "proportion_interval", "Bound", "bound"]
+__all__ = ["MIN_FOR_INTERVAL", "MIN_FOR_CLAIM", "LEVEL", "STATISTICS", "Interval", "interval", "bootstrap_interval",
+           "order_coverage", "range_coverage", "median_interval", "proportion_interval", "Bound", "bound"]
 
-MIN_FOR_INTERVAL = 8  # below it, the range: a bootstrap interval from fewer values is narrower and covers less
-MIN_FOR_CLAIM = 5     # an asserted claim rests on at least this many values (range coverage 94 %) or says so
+LEVEL = 0.95          # the coverage every interval of a median aims at
+MIN_FOR_INTERVAL = 6  # the fewest values whose median interval reaches LEVEL: the range of 6 covers 1 - 2^-5 = 97 %
+MIN_FOR_CLAIM = 5     # a verdict rests on at least this many values (range coverage 94 %); fewer are inconclusive
 STATISTICS = {"median": statistics.median, "mean": statistics.fmean}
 Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
+RANGE = "range"
+ORDER = "order-statistic interval"
+BOOTSTRAP = "nominal 95% bootstrap interval"
+ONE_VALUE = "one value"
 
 
 @dataclass(frozen=True)
 class Interval:
-    """A statistic of ``n`` values and the interval a verdict is judged on (``how`` says which interval)."""
+    """A statistic of ``n`` values and the interval a verdict is judged on (``how`` says which interval,
+    ``coverage`` how often an interval made this way covers the population's median: exact for the range and
+    the order-statistic interval, the nominal 0.95 for a bootstrap of the mean, None for one value)."""
 
     point: float
     low: float
     high: float
     n: int
-    how: str        # "95% bootstrap interval", "range" or "one value"
+    how: str        # RANGE, ORDER, BOOTSTRAP or ONE_VALUE
     statistic: str  # "median" or "mean"
-
-    @property
-    def coverage(self) -> float | None:
-        """How often an interval made this way covers the population's median: 0.95 for the bootstrap
-        (nominal), 1 - 2^(1-n) for the range of n values, None for one value."""
-        return {"95% bootstrap interval": 0.95, "range": range_coverage(self.n)}.get(self.how)
+    coverage: float | None = None
 
     def __str__(self) -> str:
         if self.n == 1:
             return f"{self.point:.3g} (n = 1)"
+        cover = f"nominal {self.coverage:.0%}" if self.how == BOOTSTRAP else f"coverage {self.coverage:.0%}"
         return (f"{self.statistic} {self.point:.3g}, {self.how} {self.low:.3g} to {self.high:.3g} (n = {self.n}, "
-                f"coverage {self.coverage:.0%})")
+                f"{cover})")
+
+
+def _count(n, name: str = "n", least: int = 1) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {n!r}")
+    return n
+
+
+def order_coverage(n: int, k: int) -> float:
+    """C(n, k): the probability that [x_(k), x_(n+1-k)], the k-th smallest to the k-th largest of ``n``
+    independent values, covers their population median: 1 - 2 P(Binomial(n, 1/2) <= k - 1)."""
+    _count(n, "n", 2)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n // 2:
+        raise ValueError(f"k must be an integer from 1 to n // 2 = {n // 2}, got {k!r}")
+    tail = sum(math.comb(n, i) for i in range(k)) / 2**n
+    return 1 - 2 * tail
 
 
 def range_coverage(n: int) -> float:
@@ -67,7 +92,16 @@ def range_coverage(n: int) -> float:
     1 - 2^(1-n) (it misses only when all n values fall on the same side)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an integer >= 2 (a range needs two values), got {n!r}")
-    return 1 - 2.0 ** (1 - n)
+    return order_coverage(n, 1)
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float, int, float]:
+    """``(low, high, k, coverage)``: the order-statistic interval of the median of ``values`` (at least two),
+    [x_(k), x_(n+1-k)] with the largest k whose coverage reaches ``LEVEL`` (k = 1, the range, when none does)."""
+    xs = sorted(_values(values))
+    n = _count(len(xs), "the number of values", 2)
+    k = max((j for j in range(1, n // 2 + 1) if order_coverage(n, j) >= LEVEL), default=1)
+    return xs[k - 1], xs[n - k], k, order_coverage(n, k)
 
 
 def _values(values) -> tuple[float, ...]:
@@ -82,7 +116,9 @@ def _values(values) -> tuple[float, ...]:
 
 def bootstrap_interval(values: Sequence[float], statistic: str = "median", seed: int = 0,
                        resamples: int = 2000) -> tuple[float, float]:
-    """The bootstrap 95 % interval of ``statistic`` ("median" or "mean") of ``values`` (percentile method)."""
+    """The percentile bootstrap interval of nominal 95 % of ``statistic`` ("median" or "mean") of ``values``: at
+    small n its true coverage is lower (for a median at n = 8, about 92 %), which is why ``interval`` gives the
+    median an order-statistic interval instead."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
     values = _values(values)
@@ -92,19 +128,20 @@ def bootstrap_interval(values: Sequence[float], statistic: str = "median", seed:
 
 
 def interval(values, statistic: str = "median") -> Interval:
-    """``statistic`` of ``values`` (a number, a sequence, or a ``Spread``) and its interval: a bootstrap 95 %
-    interval from ``MIN_FOR_INTERVAL`` values on, the full range below, the value itself for one value."""
+    """``statistic`` of ``values`` (a number, a sequence, or a ``Spread``) and its interval: for the median the
+    order-statistic interval (the range below ``MIN_FOR_INTERVAL`` values, with its coverage), for the mean a
+    nominal 95 % bootstrap interval, the value itself for one value."""
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
     values = _values(values)
     point = STATISTICS[statistic](values)
     if len(values) == 1:
-        return Interval(point, point, point, 1, "one value", statistic)
-    if len(values) >= MIN_FOR_INTERVAL:
+        return Interval(point, point, point, 1, ONE_VALUE, statistic)
+    if statistic == "mean":
         low, high = bootstrap_interval(values, statistic)
-        return Interval(point, low, high, len(values), "95% bootstrap interval", statistic)
-    return Interval(point, min(values), max(values), len(values), "range", statistic)
-
+        return Interval(point, low, high, len(values), BOOTSTRAP, statistic, LEVEL)
+    low, high, k, coverage = median_interval(values)
+    return Interval(point, low, high, len(values), RANGE if k == 1 else ORDER, statistic, coverage)
 
 
 def proportion_interval(k: int, n: int) -> tuple[float, float]:

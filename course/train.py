@@ -40,6 +40,7 @@ from course.claims import Rule
 from course.model_names import SEED_MAX
 from course.papers import value
 from course.passages import spread
+from course.stats import MIN_FOR_CLAIM
 from course.training.loop import train
 from course.training.measure import (
     attention_on_first,
@@ -165,15 +166,16 @@ def agreement(ours: list[bool], paper: bool) -> float:
 def verdict(ours: list[bool], paper: bool | None) -> str:
     """Does a threshold's outcome in our seeds agree with the paper's? The verdict ``table3_rule`` gives the
     per-seed values: "reproduced" when every seed agrees, "not reproduced at this scale" when none does,
-    "inconclusive at n = <seeds>" when the seeds disagree. ``paper`` None (the paper has no such model): in how
-    many seeds it held."""
+    "inconclusive at n = <seeds>" when the seeds disagree or are fewer than ``course.stats.MIN_FOR_CLAIM``.
+    ``paper`` None (the paper has no such model): in how many seeds it held."""
     if not ours:
         raise ValueError("ours must hold one outcome per seed, got none")
     if paper is None:
         return f"held in {sum(bool(o) for o in ours)}/{len(ours)} seeds (not in the paper)"
     share = agreement(ours, paper)
-    return "reproduced" if share == 1 else "not reproduced at this scale" if share == 0 else \
-        f"inconclusive at n = {len(ours)}"
+    if share not in (0, 1) or len(ours) < MIN_FOR_CLAIM:  # seeds that disagree, or too few for a verdict
+        return f"inconclusive at n = {len(ours)}"
+    return "reproduced" if share == 1 else "not reproduced at this scale"
 
 
 def measure_run(variant: str, seed: int, bos: bool, *, task: str, preset: str, steps: int | None,

@@ -172,10 +172,10 @@ INTRO = [
     "commit by commit (its value, why, the commit it was fixed in, and its figure on the exploration split, which "
     "the verdict never reads: most rules were first set on runs that were also the asserted runs, and checked on the "
     "exploration split only afterwards): *reproduced* or *partly* only when the whole interval clears the "
-    "threshold (a percentile bootstrap interval of nominal 95 % from 8 values on, whose true coverage of a median "
-    "at n = 8 is nearer 92 %; below, the full range of the values, whose coverage of the median is 1 - 2^(1-n): "
-    "75 % at n = 3, 88 % at n = 4, 97 % at n = 6), *inconclusive at n = ...* when it straddles one, else "
-    "*not reproduced at this scale*;",
+    "threshold (for a median, the order-statistic interval whose exact coverage is at least 95 %: the range of 6 to "
+    "8 values, the 2nd smallest to the 2nd largest of 9 to 11, the 3rd from 12; `course.stats`), *inconclusive at "
+    "n = ...* when it straddles one or when it rests on 2 to 4 values (their range covers the median only "
+    "1 - 2^(1-n) of the time: 75 % at n = 3, 88 % at n = 4), else *not reproduced at this scale*;",
     "* **illustrations** — true by construction, a different quantity than the paper's, or the paper's quantity in "
     "another setting: shown beside the paper's number, never given a verdict;",
     "* **the course's own findings** — statements no paper measured: *holds*, *does not hold* or "

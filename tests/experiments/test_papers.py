@@ -114,10 +114,13 @@ def test_a_reproduction_is_recorded_capped_and_shown(capsys):
     before = len(REPRODUCTIONS)
     trained, untrained = tiny_config("gpt2"), tiny_config("gpt2", random_weights=True, name="gpt2-random")
     rule = Rule("no sinks / 4 sinks", at_least=10, partly=2, why="a collapse")
-    row = reproduction("99", "streamingllm.table2.llama2", "350x", [40.0, 35.0], rule, trained, "2 passages")
+    values = [40.0, 35.0, 38.0, 45.0, 50.0]
+    row = reproduction("99", "streamingllm.table2.llama2", "350x", values, rule, trained, "5 passages")
     assert row.verdict == "reproduced" and row.source.endswith("arXiv 2309.17453), Table 2")
-    assert (row.n, row.low, row.high, row.interval) == (2, 35.0, 40.0, "range")
-    capped = reproduction("99", "streamingllm.table2.llama2", "350x", [40.0, 35.0], rule, untrained, "2 passages",
+    assert (row.n, row.low, row.high, row.interval) == (5, 35.0, 50.0, "range")
+    few = reproduction("99", "streamingllm.table2.llama2", "350x", values[:2], rule, trained, "2 passages")
+    assert few.verdict == "inconclusive at n = 2" and "a verdict needs 5 values" in few.reason
+    capped = reproduction("99", "streamingllm.table2.llama2", "350x", values, rule, untrained, "5 passages",
                           limit="the stream is shorter than the trained context")
     assert capped.verdict == "partly" and "shorter than the trained context" in capped.reason
     assert "random weights" in capped.reason
@@ -148,11 +151,11 @@ def test_the_page_is_written_from_executed_notebooks(tmp_path):
     from course.instructor.reproductions import write_reproductions
 
     rule = Rule("no sinks / 4 sinks", at_least=10, partly=2)
-    row = reproduction("03", "streamingllm.table2.llama2", "3359.95 / 9.59 = 350x", [3.0, 2.5, 4.0], rule,
+    row = reproduction("03", "streamingllm.table2.llama2", "3359.95 / 9.59 = 350x", [3.0, 2.5, 4.0, 3.5, 2.8], rule,
                        tiny_config("gpt2"), "4 passages of 320 tokens")
     shown = illustration("03", "streamingllm.table7", "0.00", 0.0, "recall beyond the cache", tiny_config("gpt2"),
                          "2 passkeys", why="true by construction")
-    full = reproduction("03", "streamingllm.table2.llama2", "3359.95 / 9.59 = 350x", [12, 14, 30, 11], rule,
+    full = reproduction("03", "streamingllm.table2.llama2", "3359.95 / 9.59 = 350x", [12, 14, 30, 11, 13], rule,
                         tiny_config("gpt2"), "8 passages of 1024 tokens")
     REPRODUCTIONS[:] = [r for r in REPRODUCTIONS if r.notebook != "03"]
     _executed(tmp_path / "fast", "03_streaming_llm.ipynb", [row, shown], True)
@@ -162,7 +165,7 @@ def test_the_page_is_written_from_executed_notebooks(tmp_path):
     page = (tmp_path / "docs" / "reproductions.md").read_text(encoding="utf-8")
     assert result["columns"]["FAST"]["partly"] == 1 and result["columns"]["full size"]["reproduced"] == 1
     assert "| 03 | Xiao et al. (2023, arXiv 2309.17453), Table 2 | no sinks / 4 sinks | 3359.95 / 9.59 = 350x | " \
-           "3 [2.5 to 4, range], n = 3" in page and "**partly**" in page and "MODEL = 'smollm2-135m'" in page
+           "3 [2.5 to 4, range], n = 5" in page and "**partly**" in page and "MODEL = 'smollm2-135m'" in page
     assert "FAST: 1 reproductions — 0 reproduced, 1 partly" in page       # the illustration is not counted
     assert "## Illustrations (shown, not counted)" in page and "true by construction" in page
     assert "Where FAST and full size disagree" in page and "FAST *partly*, full size *reproduced*" in page

@@ -238,21 +238,25 @@ def test_table3_in_nats_and_the_verdicts():
     assert all(table3_excess(v, 0) >= THRESHOLDS["T1"] for v in TABLE3)
     with pytest.raises(ValueError, match="kept must be one of"):
         table3_excess("vanilla", 3)
-    assert verdict([True, True, True], True) == "reproduced"
-    assert verdict([True, False, True], True) == "inconclusive at n = 3"
-    assert verdict([True, True, True], False) == "not reproduced at this scale"
-    assert verdict([False, False, False], False) == "reproduced"
+    assert verdict([True] * 5, True) == "reproduced"
+    assert verdict([True, True, True], True) == "inconclusive at n = 3"   # every seed agrees, but 3 are too few
+    assert verdict([True, False, True, True, True], True) == "inconclusive at n = 5"
+    assert verdict([True] * 5, False) == "not reproduced at this scale"
+    assert verdict([False] * 6, False) == "reproduced"
     assert verdict([True, False, False], None) == "held in 1/3 seeds (not in the paper)"
     with pytest.raises(ValueError, match="one outcome per seed"):
         verdict([], True)
     # one rule: the verdict printed per threshold is the reproduction row's (table3_rule on the per-seed values)
     assert agreement([True, False, False], False) == pytest.approx(2 / 3)
     t1 = THRESHOLDS["T1"]
-    for excess in ([0.2, 0.01, 0.3], [0.2, 0.1, 0.3], [0.01, 0.02, 0.0]):
+    for excess in ([0.2, 0.01, 0.3], [0.2, 0.1, 0.3], [0.01, 0.02, 0.0], [0.2, 0.1, 0.3, 0.4, 0.06],
+                   [0.01, 0.02, 0.0, 0.03, 0.04], [0.2, 0.1, 0.3, 0.01, 0.4]):
         held = [e >= t1 for e in excess]
         assert table3_rule("T1", "T1").verdict(excess)[0] == verdict(held, True)
-    assert table3_rule("T2", "T2@1").verdict([0.002, 0.007])[0] == "reproduced"      # at most T2 = 0.01
-    assert table3_rule("T2", "T2@1", paper=False).verdict([0.002, 0.007])[0] == "not reproduced at this scale"
+    five = [0.002, 0.007, 0.001, 0.004, 0.0]
+    assert table3_rule("T2", "T2@1").verdict(five)[0] == "reproduced"      # at most T2 = 0.01
+    assert table3_rule("T2", "T2@1", paper=False).verdict(five)[0] == "not reproduced at this scale"
+    assert table3_rule("T2", "T2@1").verdict([0.002, 0.007])[0] == "inconclusive at n = 2"
     with pytest.raises(ValueError, match="T1, T2@k or T3"):
         table3_rule("x", "T4")
 
