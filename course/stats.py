@@ -36,7 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["MIN_FOR_INTERVAL", "MIN_FOR_CLAIM", "LEVEL", "STATISTICS", "Interval", "interval", "bootstrap_interval",
-           "order_coverage", "range_coverage", "median_interval", "proportion_interval", "Bound", "bound"]
+           "order_coverage", "range_coverage", "median_interval", "proportion_interval", "Paired", "paired",
+           "Bound", "bound"]
 
 LEVEL = 0.95          # the coverage every interval of a median aims at
 MIN_FOR_INTERVAL = 6  # the fewest values whose median interval reaches LEVEL: the range of 6 covers 1 - 2^-5 = 97 %
@@ -154,6 +155,45 @@ def proportion_interval(k: int, n: int) -> tuple[float, float]:
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Two contenders' right/wrong outcomes on the same prompts, paired by prompt: how many both got right,
+    only the first, only the second, neither, and ``p``, the two-sided exact sign test on the prompts where they
+    differ (McNemar's exact test): the probability, were the two equally good, of a split at least this uneven."""
+
+    both: int
+    only_first: int
+    only_second: int
+    neither: int
+    p: float
+
+    @property
+    def discordant(self) -> int:
+        return self.only_first + self.only_second
+
+    def __str__(self) -> str:
+        n = self.both + self.only_first + self.only_second + self.neither
+        return (f"{n} prompts: both right {self.both}, only the first {self.only_first}, only the second "
+                f"{self.only_second}, neither {self.neither}; exact sign test on the {self.discordant} that differ: "
+                f"p = {self.p:.3g}")
+
+
+def paired(first: Sequence[bool], second: Sequence[bool]) -> Paired:
+    """Pair two contenders' outcomes prompt by prompt (``first[i]`` and ``second[i]``: prompt i right or wrong)
+    and test them exactly: with d prompts where they differ, k of them won by the less frequent winner,
+    p = min(1, 2 sum_{i <= k} C(d, i) / 2^d). Reaching p < 0.05 needs at least 6 differing prompts all one way."""
+    first, second = [bool(x) for x in first], [bool(x) for x in second]
+    if len(first) != len(second) or not first:
+        raise ValueError(f"first and second must give one outcome per prompt, the same prompts: got {len(first)} "
+                         f"and {len(second)}")
+    only_first = sum(a and not b for a, b in zip(first, second))
+    only_second = sum(b and not a for a, b in zip(first, second))
+    both = sum(a and b for a, b in zip(first, second))
+    d, k = only_first + only_second, min(only_first, only_second)
+    p = 1.0 if d == 0 else min(1.0, 2 * sum(math.comb(d, i) for i in range(k + 1)) / 2**d)
+    return Paired(both, only_first, only_second, len(first) - both - d, p)
 
 
 @dataclass(frozen=True)

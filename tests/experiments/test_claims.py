@@ -173,3 +173,18 @@ def test_an_exploration_run_records_claims_instead_of_asserting(monkeypatch, cap
     monkeypatch.setenv("COURSE_CLAIMS", "maybe")
     with pytest.raises(ValueError, match="COURSE_CLAIMS must be 'assert' or 'record'"):
         claim(True, "x", trained)
+
+
+def test_a_paired_comparison_is_tested_exactly_on_the_prompts_that_differ():
+    from course.stats import paired
+
+    same = paired([True, False, True], [True, False, True])
+    assert (same.both, same.only_first, same.only_second, same.neither, same.p) == (2, 0, 0, 1, 1.0)
+    five = paired([True] * 5 + [False], [False] * 5 + [False])   # 5 prompts all one way: p = 2 / 32, not below 0.05
+    assert five.discordant == 5 and five.p == 0.0625
+    six = paired([True] * 6, [False] * 6)
+    assert six.p == 0.03125 and "only the first 6" in str(six) and "p = 0.0312" in str(six)
+    split = paired([True, True, False, True], [False, True, True, False])  # 2 against 1: p = 2 (1 + 3) / 8 > 1 -> 1
+    assert (split.only_first, split.only_second, split.p) == (2, 1, 1.0)
+    with pytest.raises(ValueError, match="one outcome per prompt"):
+        paired([True], [True, False])
