@@ -1,9 +1,11 @@
 """Correct solutions written independently of the course's: at least two for every code exercise.
 
 Each file ``nbNN/<exercise>_<letter>.py`` is one student's whole exercise cell for exercise ``NN.<exercise>``:
-its own imports, helpers and the function the check cell names (``h2o_step`` for ``04.h2o_decode``). They were
-written from the student copy alone (notebooks/student/), not from the solution notebook or the checker, and
-each pair differs in structure (loop against vectorised, another valid order or tie-break, own helpers, ...).
+its own imports, helpers and the function the check cell names (``h2o_step`` for ``04.h2o_decode``). Those of
+notebooks 01, 02, 07 and 08 were written from the student copy alone (notebooks/student/), not from the solution
+notebook or the checker; those of 03 to 06 and 09 were written against the exercise texts by the course's
+authors, who know the reference. Each pair differs from the reference and from each other in structure (loop
+against vectorised, another valid order or tie-break, own helpers, ...).
 They live with the tests, never in the package or the notebooks.
 
 ``python -m tests.alternatives [ID ...]`` checks them in this process (quick, while writing one);
