@@ -61,3 +61,35 @@ def paste(nb: nbformat.NotebookNode, sources: dict[str, str]) -> nbformat.Notebo
                     raise ValueError(f"{m.group(2)}: the cell before its check does not define {m.group(3)}")
                 cell.source = sources[m.group(2)]
     return nb
+
+
+def written_code_by_student(number: str) -> tuple[dict[str, str], str]:
+    """Notebook ``number``'s alternatives as the similarity report sees them: ``({letter: written code}, the
+    course's solutions)``, each letter's files (``_a``, ``_b``, ...) one student's written code, the lines the
+    released copy gives left out of both."""
+    import json
+
+    from course.instructor.grading.key import released_lines
+    from course.instructor.grading.similarity import solution_lines, written_lines
+
+    students: dict[str, list[str]] = {}
+    for ex_id, paths in files().items():
+        if ex_id[:2] == number:
+            for path in paths:
+                students.setdefault(path.stem[-1], []).append(path.read_text(encoding="utf-8"))
+    released = frozenset(released_lines(nbformat.read(student_copy(number), as_version=4)))
+    [solution] = (HERE.parents[1] / "notebooks").glob(f"{number}_*.ipynb")
+    solutions = "\n".join(solution_lines(json.loads(solution.read_text(encoding="utf-8")), released))
+    texts = {letter: "\n".join(written_lines({"cells": [{"cell_type": "code", "source": s} for s in sources]},
+                                              released))
+             for letter, sources in sorted(students.items())}
+    return texts, solutions
+
+
+def independent_similarity() -> dict[str, float]:
+    """Per notebook, the highest score of these independent solutions against the course's public solutions in
+    the similarity report (``course.instructor.grading.similarity.independent_scores``)."""
+    from course.instructor.grading.similarity import independent_scores
+
+    numbers = sorted({ex_id[:2] for ex_id in files()})
+    return {n: round(independent_scores(n, *written_code_by_student(n)), 3) for n in numbers}

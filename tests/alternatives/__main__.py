@@ -1,5 +1,10 @@
 """``python -m tests.alternatives [ID ...]``: every alternative (or those of the exercises named) through its
-exercise's checker, in this process; prints one line each and exits 1 when one is refused."""
+exercise's checker, in this process; prints one line each and exits 1 when one is refused.
+
+``python -m tests.alternatives --similarity``: measure what they score against the course's solutions in the
+similarity report, per notebook, and write it to ``course/instructor/grading/independent_similarity.py`` (the
+bar from which the report flags a pair with the course's solutions; ``tests/instructor/test_similarity.py``
+checks the file against the alternatives)."""
 
 from __future__ import annotations
 
@@ -23,5 +28,20 @@ def main(ids: list[str]) -> int:
     return 1 if refused else 0
 
 
+def write_similarity() -> int:
+    from course.instructor.grading.similarity import INDEPENDENT_FILE
+    from tests.alternatives import independent_similarity
+
+    scores = independent_similarity()
+    rows = "".join(f'    "{number}": {score},\n' for number, score in scores.items())
+    INDEPENDENT_FILE.write_text(
+        '"""Per notebook, the highest similarity score that correct solutions written independently of the course\'s\n'
+        "(tests/alternatives) reach against the course's solutions in the similarity report. Written by\n"
+        '``python -m tests.alternatives --similarity``; tests/instructor/test_similarity.py checks it."""\n\n'
+        f"INDEPENDENT: dict[str, float] = {{\n{rows}}}\n", encoding="utf-8")
+    print(f"{INDEPENDENT_FILE}: {scores}")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(write_similarity() if sys.argv[1:] == ["--similarity"] else main(sys.argv[1:]))

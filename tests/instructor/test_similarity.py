@@ -189,3 +189,36 @@ def test_shards_write_no_report_and_their_merge_with_the_key_writes_the_class(tm
     assert report["notebooks"]["01"]["submissions"] == 4
     assert _flagged(report) == {frozenset(("bo", "eve")), frozenset(("fay", COURSE))}
     assert "2 flagged pair(s)" in capsys.readouterr().out
+
+
+def _renamed(code: str) -> str:
+    """``code`` with every name it assigns renamed (``x = ...`` -> ``v3 = ...``) and its comments dropped: a paste
+    disguised the way a student would disguise it."""
+    import re
+
+    names = sorted({m.group(1) for m in re.finditer(r"^\s*(\w+)\s*=[^=]", code, re.M)}, key=len, reverse=True)
+    for i, name in enumerate(names):
+        code = re.sub(rf"\b{name}\b", f"v{i}", code)
+    return "\n".join(line.split("#")[0].rstrip() for line in code.splitlines())
+
+
+def test_the_bar_against_the_course_is_what_independent_solutions_score():
+    """course.instructor.grading.independent_similarity is what the known-right versions score now."""
+    from course.instructor.grading.similarity import INDEPENDENT
+    from tests.alternatives import independent_similarity
+
+    assert independent_similarity() == INDEPENDENT, "run python -m tests.alternatives --similarity"
+
+
+@pytest.mark.parametrize("number", [f"{n:02d}" for n in range(1, 10)])
+def test_no_independent_solution_is_flagged_and_a_renamed_paste_is(number):
+    from course.instructor.grading.similarity import compare_notebook, course_threshold
+    from tests.alternatives import written_code_by_student
+
+    texts, solutions = written_code_by_student(number)
+    honest = compare_notebook(number, texts, solutions)
+    assert texts and not [p for p in honest if p.flagged], honest
+    assert all(p.independent is not None for p in honest if p.student_b == COURSE)
+    [pasted] = [p for p in compare_notebook(number, {"paster": _renamed(solutions)}, solutions)
+                if p.student_b == COURSE]
+    assert pasted.flagged and pasted.score >= course_threshold(number) and pasted.overlap >= 100, pasted
