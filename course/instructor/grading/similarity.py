@@ -265,9 +265,11 @@ def course_threshold(notebook: str, threshold: float = THRESHOLD) -> float:
 
 def independent_scores(notebook: str, texts: dict[str, str], solutions: str) -> float:
     """The highest score that the written code ``texts`` (independent correct solutions of ``notebook``: name ->
-    code) reaches against the course's ``solutions`` (0 when none shares a fingerprint with them)."""
-    pairs = compare_notebook(notebook, texts, solutions, threshold=0.0)
-    return max((p.score for p in pairs if p.student_b == COURSE), default=0.0)
+    code) reaches against the course's ``solutions``, however low (no listing cut-off, no flag bar)."""
+    course = _fingerprint(solutions)
+    prints = [_fingerprint(text) for text in texts.values()]
+    pairs = [_score(notebook, "", COURSE, fp, course, 0.0) for fp in prints if fp.hashes & course.hashes]
+    return max((p.score for p in pairs if p is not None), default=0.0)
 
 
 def similarity_report(entries: Iterable[Entry], key: GradingKey, threshold: float = THRESHOLD) -> dict:
