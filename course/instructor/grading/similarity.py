@@ -46,7 +46,7 @@ look at the two notebooks side by side, never a verdict: the report changes no g
 Against the course's solutions, the bar is the notebook's own. Short exercises have one natural way to be written
 (``softmax(...) @ V``, ``torch.cat([col, x], dim=1)``), so independent correct code shares lines with the course's
 solutions by necessity, more in some notebooks than in others: correct solutions written differently from the
-course's (``tests/alternatives``) reach 0.31 in notebook 01 and 0.36 in notebook 08, over 0.3. ``INDEPENDENT``
+course's (``tests/alternatives``) reach 0.31 in notebook 01, 0.36 in 08 and 0.42 in 04 and 05, over 0.3. ``INDEPENDENT``
 holds, per notebook, the highest score such independent solutions reach against the course's
 (``independent_similarity.py``, measured by ``python -m tests.alternatives --similarity`` and checked against
 the alternatives by the test suite), and a pair with ``"course solutions"`` is flagged only from that score plus
