@@ -29,7 +29,7 @@ What a student's kernel imports
   ``course.training``            its rooms: the tasks, the variants, the training loop, the measurements
   ``course.splits``              exploration and confirmation data kept apart (text ranges, seeds, the record)
   ``course.passages``            results over many passages (spreads, intervals)
-  ``course.stats``               intervals: the bootstrap and the range every verdict is judged on
+  ``course.stats``               intervals every verdict is judged on (order statistics of the median), paired tests
   ``course.claims``              the scientific claims a notebook asserts, and their verdicts
   ``course.papers``              the published numbers the course quotes
   ``course.memory``              bytes per token of a KV cache for current models' layouts

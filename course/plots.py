@@ -305,9 +305,9 @@ __all__ += ["spread_plot"]
 def frontier_plot(points: Sequence, reference, title: str = "") -> Figure:
     """Quality against bytes: one line per family of stores, one marker per store (``course.frontier.StorePoint``:
     x its fraction of the full cache's bytes, y the median over the passages of its perplexity / ``reference``'s on
-    the same passage, a paired ratio). The bar is the interval of those paired ratios (``course.stats.interval``: a
-    bootstrap 95 % interval from 8 passages on, the range below): pairing is real here, every store reads the same
-    passages and computes deterministically."""
+    the same passage, a paired ratio). The bar is the interval of those paired ratios (``course.stats.interval``: the
+    order-statistic interval of the median, the range of up to 8 passages): pairing is real here, every store reads
+    the same passages and computes deterministically."""
     if not points:
         raise ValueError("frontier_plot needs at least one point")
     fig, (ax,) = _axes((7.5, 4.5))
