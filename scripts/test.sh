@@ -15,5 +15,5 @@ ruff check .  # pyflakes and pycodestyle, as pyproject.toml's [tool.ruff] sets t
 bash scripts/check-instructor-install.sh  # an instructor's install from scratch: grade, release, site (about a minute)
 export COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg COURSE_PROGRESS=text
 # the notebooks draw their figures inline (the site shows them): no MPLBACKEND for their kernels
-env -u MPLBACKEND COURSE_SET_UP=1 bash scripts/run-course.sh --execute --fast
+env -u MPLBACKEND COURSE_SET_UP=1 bash scripts/run-course.sh --execute --fast --jobs 2  # two at once, a thread each
 COURSE_EXECUTED=outputs python -m pytest -p no:cacheprovider --durations=15 tests "$@"  # the slowest tests, named

@@ -36,13 +36,17 @@ def _check_attention_step(fn) -> None:
     for t in range(steps):
         out = fn(qs[t], ks[t], vs[t], K, V)
         if not isinstance(out, tuple) or len(out) != 3:
-            raise Wrong("return a tuple (output, K, V): the output and the grown cache")
-        y, K_new, V_new = out
+            got = f"a tuple of {len(out)}" if isinstance(out, tuple) else type(out).__name__
+            raise Wrong(f"return a tuple (output, K, V): the output and the grown cache (step {t}: got {got})")
+        y, K_new, V_new = (torch.as_tensor(x) for x in out)
         if tuple(K_new.shape) != (t + 1, d) or tuple(V_new.shape) != (t + 1, d):
             raise Wrong(f"after step {t} the cache must hold {t + 1} rows of size {d} (one per token seen), "
                         f"got K {tuple(K_new.shape)} and V {tuple(V_new.shape)}: append exactly one row per step")
         if not close(K_new[-1], ks[t]) or not close(V_new[-1], vs[t]):
-            raise Wrong("the last row of the cache must be the new token's key and value (k_new, v_new)")
+            raise Wrong(f"step {t}: the last row of the cache must be the new token's key and value (k_new, v_new), "
+                        "appended after the rows of K and V")
+        if tuple(y.shape) != (d,):
+            raise Wrong(f"step {t}: the output must be one vector of size d, shape ({d},), got {tuple(y.shape)}")
         expected = F.scaled_dot_product_attention(qs[t][None, None], ks[: t + 1][None], vs[: t + 1][None])[0, 0]
         if not close(y, expected, 1e-5):
             itself = ("the new token must attend to itself too: append k_new, v_new to the cache *before* "
@@ -56,9 +60,21 @@ def _check_attention_step(fn) -> None:
                 raise Wrong(itself)
             if close(y, vs[: t + 1].mean(0), 1e-5) and t > 0:
                 raise Wrong("your weights are uniform: is the softmax taken over the right axis (the keys)?")
-            raise Wrong(f"at step {t} the output differs from softmax(K q / sqrt(d)) V "
-                        f"(max difference {(torch.as_tensor(y) - expected).abs().max():.3g})")
+            raise Wrong(f"at step {t} (d = {d}, {t + 1} cached rows) the output differs from softmax(K q / sqrt(d)) V: "
+                        f"expected {_few(expected)}, got {_few(y)} (max difference "
+                        f"{(y.double() - expected.double()).abs().max():.3g})")
+        if y.dtype != qs.dtype or K_new.dtype != qs.dtype or V_new.dtype != qs.dtype:
+            raise Wrong(f"step {t}: the values are right, but return the output and the cache in the inputs' dtype "
+                        f"({qs.dtype}), got {y.dtype}, {K_new.dtype}, {V_new.dtype}: compute in any precision, cast "
+                        "back (the cell below compares with torch.allclose, which refuses mixed dtypes)")
         K, V = K_new, V_new
+
+
+def _few(x, n: int = 4) -> str:
+    """The first ``n`` numbers of a tensor, for a message."""
+    flat = torch.as_tensor(x).detach().double().flatten()
+    more = ", ..." if flat.numel() > n else ""
+    return "[" + ", ".join(f"{v:.4g}" for v in flat[:n].tolist()) + more + "]"
 
 
 # ----------------------------------------------------------------------------- 2. bytes of a cache
@@ -74,18 +90,22 @@ def _check_kv_cache_bytes(fn) -> None:
     cases = [(30, 3, 64, 1000, 3, 4), (32, 32, 128, 4096, 1, 2), (12, 12, 64, 1024, 8, 2), (40, 8, 128, 7, 3, 1)]
     for case in cases:
         got, want = fn(*case), _cache_bytes(*case)
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise Wrong(f"return the number of bytes as an int, got {got!r}")
         if got == want:
             continue
         layers, heads, d, t, b, nb = case
+        call = (f"kv_cache_bytes(n_layers={layers}, kv_heads={heads}, head_dim={d}, tokens={t}, batch={b}, "
+                f"dtype_bytes={nb})")
         if got == want // nb:
-            raise Wrong("that is a count of numbers, not bytes: multiply by dtype_bytes")
+            raise Wrong(f"{call}: {got:,} is a count of numbers, not bytes: multiply by dtype_bytes")
         if got * 2 == want:
-            raise Wrong("the cache holds keys AND values: multiply by 2")
+            raise Wrong(f"{call}: got {got:,}, half of {want:,}: the cache holds keys AND values: multiply by 2")
         if got == want // b:
-            raise Wrong("every sequence in the batch has its own cache: multiply by batch")
+            raise Wrong(f"{call}: got {got:,}: every sequence in the batch has its own cache: multiply by batch")
         if got == want // layers:
-            raise Wrong("every layer has its own cache: multiply by n_layers")
-        raise Wrong(f"kv_cache_bytes{case} should be {want:,} bytes, got {got!r}")
+            raise Wrong(f"{call}: got {got:,}: every layer has its own cache: multiply by n_layers")
+        raise Wrong(f"{call} should be 2 x L x H_kv x d x T x B x dtype_bytes = {want:,} bytes, got {got!r}")
 
 
 # ----------------------------------------------------------------------------- 3. greedy decoding
@@ -123,7 +143,9 @@ def _check_generate_greedy(fn) -> None:
     with GuardedModel(model) as guarded:
         got = fn(guarded, prompt, n_new)
     if not isinstance(got, torch.Tensor) or got.dim() != 2:
-        raise Wrong("return the token ids as a [1, P + n_new] tensor (prompt included)")
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        raise Wrong(f"return the token ids as a [1, P + n_new] tensor (prompt included): for a prompt [1, 5] and "
+                    f"n_new = {n_new}, shape {tuple(want.shape)}; got {shape}")
     if got.shape[1] != want.shape[1]:
         raise Wrong(f"expected {want.shape[1]} ids (5 prompt + {n_new} new), got {got.shape[1]}: "
                     "check the loop's range (off by one?) and that the prompt is included")
@@ -137,8 +159,9 @@ def _check_generate_greedy(fn) -> None:
         raise Wrong(recomputed)
     if not torch.equal(got, want):
         first = int((got != want).nonzero()[0, 1])
-        raise Wrong(f"token {first} differs from greedy decoding without a cache: pass the same cache to every "
-                    "call, and pick argmax of the *last* position's logits")
+        raise Wrong(f"token {first} differs from greedy decoding without a cache (expected ids "
+                    f"{want[0].tolist()}, got {got[0].tolist()}): pass the same cache to every call, and pick argmax "
+                    "of the *last* position's logits")
 
 
 # ----------------------------------------------------------------------------- 4. beyond GQA
@@ -255,7 +278,8 @@ def _check_greedy_own_attention(fn) -> None:
     with GuardedModel(model, whole_forward=False) as guarded:
         out = fn(guarded, prompt.clone(), n_new)
     if not isinstance(out, tuple) or len(out) != 2:
-        raise Wrong(hint(2, "return a tuple (ids, logits)"))
+        got = f"a tuple of {len(out)}" if isinstance(out, tuple) else type(out).__name__
+        raise Wrong(hint(2, f"return a tuple (ids, logits), got {got}"))
     ids, logits = (torch.as_tensor(x) for x in out)
     recomputed = _keys_per_token(guarded, prompt.shape[0], fed, slack=1)
     if recomputed:
@@ -265,7 +289,14 @@ def _check_greedy_own_attention(fn) -> None:
                             f"{prompt.shape[1]} tokens and the {n_new - 1} generated ones that are fed back), got "
                             f"{tuple(logits.shape)}"))
     if not close(logits, oracle, 1e-6):
-        raise Wrong(_diagnose_own_attention(fn, prompt, n_new))
+        gap = (logits.detach().double() - oracle.double()).abs().amax((0, 2))
+        off = ((gap > 1e-6) | gap.isnan()).nonzero()
+        row = int(off[0]) if len(off) else 0
+        raise Wrong(f"tiny Llama (H = 4, H_kv = 2), prompt [2, 5], n_new = {n_new}: your logits differ from the "
+                    f"course's model from row {row} on (max |difference| {float(gap.max()):.3g}); "
+                    + _diagnose_own_attention(fn, prompt, n_new))
     if tuple(ids.shape) != tuple(want_ids.shape) or not torch.equal(ids, want_ids):
         raise Wrong(hint(1, "the logits are right but the ids are not: append argmax of the last logits, once per "
-                            f"step, and return prompt + {n_new} new ids, shape {tuple(want_ids.shape)}"))
+                            f"step, and return prompt + {n_new} new ids, shape {tuple(want_ids.shape)}: expected "
+                            f"{want_ids[0].tolist()} (row 0), got shape {tuple(ids.shape)}"
+                            + (f", {ids[0].tolist()}" if ids.dim() == 2 else "")))

@@ -34,8 +34,18 @@ def _random_attention(h: int = 3, t: int = 12, seed: int = 0) -> Tensor:
 def _check_sink_mass(fn) -> None:
     attn = _random_attention()
     for k, skip in ((1, 4), (2, 3), (4, 6)):
-        got, want = fn(attn, k, skip), _sink_mass_with_course(attn, k, skip)
+        given = attn.clone()
+        got, want = fn(given, k, skip), _sink_mass_with_course(attn, k, skip)
+        case = f"attn {tuple(attn.shape)} ({attn.dtype}), k={k}, skip={skip}"
+        if not torch.equal(given, attn):
+            raise Wrong(f"{case}: your function changed `attn` in place; leave it as it was (the notebook reuses "
+                        "the attention maps) and return a new tensor")
+        if not isinstance(got, Tensor):
+            raise Wrong(f"{case}: return a tensor [H] = [{attn.shape[0]}], got {type(got).__name__}")
         if close(got, want):
+            if got.dtype != attn.dtype:
+                raise Wrong(f"{case}: the values are right, but return them in attn's dtype ({attn.dtype}), got "
+                            f"{got.dtype} (the cell below compares with torch.allclose, which refuses mixed dtypes)")
             continue
         if close(got, attn[:, :, :k].sum(-1).mean(-1)):
             raise Wrong("leave out the first `skip` queries: they can only attend to the first tokens")
@@ -45,7 +55,9 @@ def _check_sink_mass(fn) -> None:
             raise Wrong("rows are queries and columns are keys: take the first k *columns* (keys) of each row")
         if close(got, attn[:, skip:, :k].mean(-1).mean(-1)):
             raise Wrong("the mass on the first k keys is the *sum* of their weights, not the mean")
-        raise Wrong(f"for k={k}, skip={skip} expected {want.tolist()}, got {got!r}")
+        raise Wrong(f"{case}: expected one number per head, the mean over queries skip..T-1 of the weights on keys "
+                    f"0..k-1 summed, shape {tuple(want.shape)}: {[round(x, 4) for x in want.tolist()]}; got shape "
+                    f"{tuple(got.shape)}: {[round(x, 4) for x in got.double().flatten()[:6].tolist()]}")
 
 
 # ----------------------------------------------------------------------------- 2. which tokens are kept
@@ -61,12 +73,17 @@ def _kept_by_policy(t: int, window: int, n_sink: int) -> list[int]:
 def _check_kept_positions(fn) -> None:
     for t, window, n_sink in ((3, 5, 2), (10, 4, 2), (20, 6, 4), (9, 3, 0), (5, 8, 4), (100, 10, 1)):
         want = _kept_by_policy(t, window, n_sink)
-        got = fn(t, window, n_sink)
+        returned = fn(t, window, n_sink)
         try:
-            got = sorted(int(x) for x in got)
-        except TypeError:
-            raise Wrong("return a list of token positions (ints)") from None
+            got = sorted(int(x) for x in returned)
+        except (TypeError, ValueError):
+            raise Wrong(f"kept_positions({t}, window={window}, n_sink={n_sink}): return a list of token positions "
+                        f"(ints), e.g. {want}; got {returned!r}") from None
         if got == want:
+            if not isinstance(returned, list) or [int(x) for x in returned] != want:
+                raise Wrong(f"kept_positions({t}, window={window}, n_sink={n_sink}): the right positions, but return "
+                            f"them as a list of ints in increasing order, {want}; got {returned!r} (a "
+                            f"{type(returned).__name__}): the cell below compares it with a sorted list")
             continue
         if len(got) == len(want) + 1 and set(want) <= set(got):
             raise Wrong(f"your cache keeps one token too many at t={t}: the window holds {window} tokens, "
@@ -97,8 +114,21 @@ def _check_renormalise(fn) -> None:
     g = generator(3)
     weights = torch.softmax(torch.randn(4, 9, generator=g) * 2, -1)
     for keep in (torch.tensor([0, 1, 1, 1, 0, 1, 1, 1, 1]).bool(), torch.arange(9) > 0):
-        got, want = fn(weights, keep), _softmax_over_kept(weights, keep)
+        given, given_keep = weights.clone(), keep.clone()
+        got, want = fn(given, given_keep), _softmax_over_kept(weights, keep)
+        case = f"weights {tuple(weights.shape)} ({weights.dtype}), keep {keep.int().tolist()}"
+        if not torch.equal(given, weights) or not torch.equal(given_keep, keep):
+            raise Wrong(f"{case}: your function changed its input in place; leave `weights` and `keep` as they were "
+                        "(the notebook compares the weights before and after) and return a new tensor")
+        if not isinstance(got, Tensor) or tuple(got.shape) != tuple(weights.shape):
+            shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
+            raise Wrong(f"{case}: return the weights in the input's shape {tuple(weights.shape)}, with 0 for the "
+                        f"evicted keys; got {shape}")
         if close(got, want):
+            if got.dtype != weights.dtype:
+                raise Wrong(f"{case}: the values are right, but return them in the weights' dtype ({weights.dtype}), "
+                            f"got {got.dtype} (the cell below compares with torch.allclose, which refuses mixed "
+                            "dtypes)")
             continue
         if close(got, weights * keep):
             raise Wrong("after eviction the weights must sum to 1 again: divide by the kept mass")
@@ -106,7 +136,8 @@ def _check_renormalise(fn) -> None:
             raise Wrong("evicted keys must get weight 0")
         if close(got, torch.softmax(weights.masked_fill(~keep, float("-inf")), -1)):
             raise Wrong("these are already probabilities: renormalise them, do not apply softmax to them again")
-        raise Wrong("expected w_j / sum of kept w for kept keys and 0 for evicted ones")
+        raise Wrong(f"{case}: expected w_j / sum of kept w for kept keys and 0 for evicted ones; row 0 should be "
+                    f"{[round(x, 4) for x in want[0].tolist()]}, got {[round(x, 4) for x in got[0].double().tolist()]}")
 
 
 # ----------------------------------------------------------------------------- 4. build: the streaming evaluation loop
@@ -136,7 +167,7 @@ def _scored(model, ids: Tensor, policy, shift: int = 1) -> Tensor:
     return torch.stack(rows, dim=1)
 
 
-def _diagnose_stream(model, ids: Tensor, window: int, n_sink: int, got: Tensor) -> str | None:
+def _diagnose_stream(model, ids: Tensor, window: int, n_sink: int, got: Tensor, where: str = "") -> str | None:
     """The mistake, as the course's cache rule that gives the same NLL (None when none does)."""
     mistakes = [
         (_scored(model, ids, _stream_policy(model, window, n_sink, extra=1)),
@@ -149,7 +180,8 @@ def _diagnose_stream(model, ids: Tensor, window: int, n_sink: int, got: Tensor) 
         mistakes.append((_scored(model, ids, _stream_policy(model, window, n_sink, pin=False)),
                          hint(3, "the first n_sink tokens are never evicted: drop the oldest token *after* the "
                                  "sinks")))
-    return next((text for nll, text in mistakes if close(got, nll, 1e-6)), None)
+    prefix = f"{where}; " if where else ""
+    return next((prefix + text for nll, text in mistakes if close(got, nll, 1e-6)), None)
 
 
 @exercise("02.window_stream_nll", "Build exercise (the streaming loop behind the collapse curve)",
@@ -171,6 +203,9 @@ def _check_window_stream_nll(fn) -> None:
         if close(got, want, 1e-6):
             continue
         step = int(((got.double() - want).abs() > 1e-6).any(0).nonzero()[0])
-        raise Wrong(_diagnose_stream(model, ids, window, n_sink, got) or hint(
-            3, f"{family}, window {window}, {n_sink} sinks: the NLL differs from the course's cache from prediction "
-               f"{step} on (the cache fills at token {n_sink + window})"))
+        where = (f"{family}, window {window}, {n_sink} sinks, ids {tuple(ids.shape)}: at prediction {step} expected "
+                 f"NLL {[round(x, 4) for x in want[:, step].tolist()]}, got "
+                 f"{[round(x, 4) for x in got[:, step].double().tolist()]}")
+        raise Wrong(_diagnose_stream(model, ids, window, n_sink, got, where) or hint(
+            3, f"{where}: the NLL differs from the course's cache from that prediction on (the cache fills at token "
+               f"{n_sink + window})"))

@@ -41,13 +41,16 @@ def _check_cache_tokens(fn) -> None:
         if got == want:
             continue
         policy, budget, prompt, generated = case
+        said = f"cache_tokens{case} should be {want}, got {got!r}"
         if policy == "snapkv" and got == min(prompt + generated, budget):
-            raise Wrong("SnapKV compresses the prompt once; it does not evict while generating, so its cache grows")
+            raise Wrong(f"{said}: SnapKV compresses the prompt once; it does not evict while generating, so its "
+                        "cache grows by every generated token")
         if policy in ("window", "streaming", "h2o", "h2o-mean") and got == budget and prompt + generated < budget:
-            raise Wrong("a cache cannot hold more tokens than it has seen: min(prompt + generated, budget)")
+            raise Wrong(f"{said}: a cache cannot hold more tokens than it has seen: min(prompt + generated, budget)")
         if policy == "full" and got == prompt:
-            raise Wrong("the full cache keeps the generated tokens too")
-        raise Wrong(f"cache_tokens{case} should be {want}, got {got!r}")
+            raise Wrong(f"{said}: the full cache keeps the generated tokens too")
+        raise Wrong(f"{said}: the slots one KV head holds once the prompt is in and the tokens are generated (the "
+                    "table above: what each policy keeps, and whether it evicts while decoding)")
 
 
 # ----------------------------------------------------------------------------- 2. the protocol
@@ -66,21 +69,30 @@ def _check_protocol(fn) -> None:
         want = _perplexity_with_course(model, ids, 24, make())
         with GuardedModel(model, policies=True) as guarded:
             got = fn(guarded, ids, 24, make())
-        if isinstance(got, Tensor):
-            got = float(got)
-        if isinstance(got, (int, float)) and abs(got - want) <= 1e-6 * want:
+        case = f"{make().label}, ids [2, 40] (a tiny float64 Llama), context 24"
+        try:
+            got = float(got)  # a float, or anything holding one number (a 0-d tensor, a NumPy scalar)
+        except (TypeError, ValueError, RuntimeError):
+            raise Wrong(f"{case}: return the perplexity as one number (a float), got {type(got).__name__}") from None
+        if abs(got - want) <= 1e-6 * want:
             continue
+        said = f"{case}: expected perplexity {want:.4f}, got {got:.4f}"
         full = _perplexity_with_course(model, ids, 24, FullCache())
-        if isinstance(got, (int, float)) and abs(got - full) <= 1e-6 * full:
-            raise Wrong("that is the full-cache perplexity: compress the context's cache (compress_prompt), and score "
+        if abs(got - full) <= 1e-6 * full:
+            raise Wrong(f"{said}, the full-cache perplexity: compress the context's cache (compress_prompt), and score "
                         "the continuation through that cache")
         if any(n > 1 for n in guarded.calls[1:]):
-            raise Wrong("after compressing, feed one token at a time: several tokens at once attend with full "
+            raise Wrong(f"{said}: after compressing, feed one token at a time: several tokens at once attend with full "
                         "attention to each other and the policy does not evict between them")
         if guarded.calls and guarded.calls[0] == 24:
-            raise Wrong("run the context *but its last token* before compressing, then feed ids[:, context - 1]: "
-                        "otherwise the first prediction comes from the uncompressed cache")
-        raise Wrong(f"expected perplexity {want:.4f}, got {got!r}")
+            raise Wrong(f"{said}: run the context *but its last token* before compressing, then feed "
+                        "ids[:, context - 1]: otherwise the first prediction comes from the uncompressed cache")
+        per_row = continuation_nll(model, ids, 24, make()).double().mean(dim=1).exp()
+        if abs(got - float(per_row.mean())) <= 1e-6 * want:
+            raise Wrong(f"{said}, the mean of the rows' perplexities: the perplexity is exp of the mean NLL over every "
+                        "scored token of every row")
+        raise Wrong(f"{said}: exp of the mean NLL of ids[:, context:], every row, each token predicted through the "
+                    "compressed cache")
 
 
 # ----------------------------------------------------------------------------- 3. reading the table
@@ -98,17 +110,20 @@ def _check_choose(fn) -> None:
     cases = [("ppl", 100, False), ("accuracy", 150, True), ("accuracy", 100, True), ("ppl", 2000, False),
              ("accuracy", 115, True)]
     for metric, cap, hib in cases:
-        got, want = fn(rows, metric, cap, hib), best_policy(rows, metric, cap, hib)
+        got, want = fn([dict(r) for r in rows], metric, cap, hib), best_policy(rows, metric, cap, hib)  # a copy
         if got == want:
             continue
+        said = f"metric={metric!r}, max_tokens={cap}, higher_is_better={hib}: expected {want!r}, got {got!r}"
         chosen = next((r for r in rows if r["policy"] == got), None)
         if chosen is not None and chosen["tokens"] > cap:
-            raise Wrong(f"{got} needs {chosen['tokens']} tokens, more than the {cap} allowed")
+            raise Wrong(f"{said}: {got} needs {chosen['tokens']} tokens, more than the {cap} allowed")
         if chosen is not None and chosen[metric] == next(r for r in rows if r["policy"] == want)[metric]:
-            raise Wrong(f"{got} and {want} tie on {metric}: ties go to the smaller cache")
+            raise Wrong(f"{said}: {got} and {want} tie on {metric}: ties go to the smaller cache")
         if got == best_policy(rows, metric, cap, not hib):
-            raise Wrong("higher_is_better says which way the metric goes: perplexity lower, accuracy higher")
-        raise Wrong(f"metric={metric}, max_tokens={cap}: expected {want}, got {got!r}")
+            raise Wrong(f"{said}: higher_is_better says which way the metric goes: perplexity lower, accuracy higher")
+        if chosen is None:
+            raise Wrong(f"{said}: return the row's \"policy\" string (one of {[r['policy'] for r in rows]})")
+        raise Wrong(f"{said}: the best {metric} among the rows whose tokens <= max_tokens")
 
 
 # ----------------------------------------------------------------------------- 4. capstone: a policy of your own

@@ -21,6 +21,7 @@ import course.exercises  # noqa: F401  (registers every exercise)
 from course.__main__ import main
 from course.exercises import REGISTRY
 from course.instructor.solutions import paste_solutions
+from tests import alternatives
 from tests.instructor.grading_helpers import exercises_only
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -45,6 +46,22 @@ def _with_wrong_build(student_copy: Path) -> nbformat.NotebookNode:
     return nb
 
 
+def _alternative_students() -> dict[str, dict[str, dict[str, str]]]:
+    """{student: {notebook number: {exercise id: the alternative's source}}}: student ``alternative_a`` hands in
+    every exercise's ``_a`` file, ``alternative_b`` every ``_b`` file (tests/alternatives)."""
+    students: dict[str, dict[str, dict[str, str]]] = {}
+    for ex_id, paths in alternatives.files().items():
+        for path in paths:
+            letter = path.stem[-1]
+            students.setdefault(f"alternative_{letter}", {}).setdefault(ex_id[:2], {})[ex_id] = path.read_text()
+    return students
+
+
+def _with_alternatives(student_copy: Path, sources: dict[str, str]) -> nbformat.NotebookNode:
+    """The honest copy trimmed to its exercises, each code exercise in ``sources`` written another way."""
+    return exercises_only(alternatives.paste(_honest(student_copy), sources))
+
+
 @pytest.fixture(scope="module")
 def graded(graded_release, tmp_path_factory) -> dict:
     student_dir, key = graded_release
@@ -60,6 +77,11 @@ def graded(graded_release, tmp_path_factory) -> dict:
     for number in BLANK:  # handed in untouched: the rest of the notebook runs on the course's stand-ins
         [copy] = student_dir.glob(f"{number}_*.ipynb")
         shutil.copy(copy, root / "class" / "blank" / copy.name)
+    for student, notebooks in _alternative_students().items():
+        (root / "class" / student).mkdir()
+        for number, sources in notebooks.items():
+            [copy] = student_dir.glob(f"{number}_*.ipynb")
+            nbformat.write(_with_alternatives(copy, sources), root / "class" / student / copy.name)
     out = root / "gradebook"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("COURSE_MODEL", "gpt2-random")  # the kernels' model: the student copies' GPT-2 code paths
@@ -107,6 +129,24 @@ def test_a_blank_copy_scores_nothing_and_runs_to_the_end_on_the_courses_stand_in
     assert all(r["status"] == "not_done" and r["points"] == 0 for r in rows), [r for r in rows
                                                                             if r["status"] != "not_done"]
     assert {r["cells_failed"] for r in rows} == {""}, {r["notebook"]: r["cells_failed"] for r in rows}
+
+
+@pytest.mark.parametrize("student", sorted(_alternative_students()))
+def test_correct_solutions_written_differently_get_full_marks(graded, student):
+    """Every alternative (tests/alternatives) in its own student's graded copy: a pass with full marks, checked
+    in the kernel and again in the stripped world, never forwarded, never put up for review."""
+    handed_in = {e for sources in _alternative_students()[student].values() for e in sources}
+    rows = {r["exercise"]: r for r in graded[student] if r["exercise"] in handed_in}
+    assert sorted(rows) == sorted(handed_in)
+    problems = {e: (r["status"], r["points"], r["feedback"][:400]) for e, r in rows.items()
+                if r["status"] != "pass" or r["points"] != r["max_points"]}
+    assert not problems, problems
+
+
+def test_every_code_exercise_has_two_alternatives():
+    code = sorted(e for e, ex in REGISTRY.items() if ex.kind in ("exercise", "build", "capstone"))
+    counts = {e: len(alternatives.files().get(e, [])) for e in code}
+    assert all(n >= 2 for n in counts.values()), {e: n for e, n in counts.items() if n < 2}
 
 
 def test_the_capstone_was_measured_on_the_keys_held_out_passages(graded):
