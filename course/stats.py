@@ -91,8 +91,6 @@ def order_coverage(n: int, k: int) -> float:
 def range_coverage(n: int) -> float:
     """The probability that [min, max] of ``n`` independent values covers their population median:
     1 - 2^(1-n) (it misses only when all n values fall on the same side)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"n must be an integer >= 2 (a range needs two values), got {n!r}")
     return order_coverage(n, 1)
 
 
