@@ -12,7 +12,10 @@ one batch.
 Exploration and confirmation apart (``course.splits``): a passage lies wholly inside its split's characters of
 the novel. The confirmation split (the default, ``COURSE_SPLIT``) holds the openings and the first four fifths
 of every novel; the exploration split, on which thresholds are chosen, the last fifth, where its "openings" are
-the first paragraph starts. Every passage drawn is written down (``course.splits.DRAWN``).
+the first paragraph starts. A fresh draw (``"fresh:N"``, ``python -m course reproduce --fresh N``) reads the
+confirmation characters but takes no openings and no passage that overlaps one the confirmation split would give the
+same call: its data is new to whoever chose the notebooks' rules. Every passage drawn is written down
+(``course.splits.DRAWN``).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from course.data import load_split_text
 from course.models.base import CausalLM
 from course.policies import Policy
 from course.stats import LEVEL, MIN_FOR_INTERVAL, median_interval
-from course.splits import SPLITS, check_split, record_text, split_seed
+from course.splits import SPLITS, check_split, fresh_draw, record_text, split_seed
 from course.streaming import evaluate_stream
 
-__all__ = ["MIN_FOR_INTERVAL", "SPLITS", "Passage", "Spread", "passage_batch", "sample_passages", "split_seed",
+__all__ = ["MIN_FOR_INTERVAL", "SPLITS", "Passage", "Spread", "passage_batch", "sample_passages", "first_passage",
+           "split_seed",
            "spread", "stream_passages"]
 
 CHARS_PER_TOKEN = 8  # generous: English prose takes about 4 characters per token in these tokenizers
@@ -102,16 +106,22 @@ def _from_first_paragraph(text: str, start: int) -> tuple[str, int]:
     return text[at:], start + at
 
 
-def _starts(texts: dict[str, str], n: int, n_open: int, tokens: int, rng: random.Random) -> list[tuple[str, int]]:
+def _starts(texts: dict[str, str], n: int, n_open: int, tokens: int, rng: random.Random,
+            avoid: tuple[tuple[str, int], ...] = ()) -> list[tuple[str, int]]:
     """Where the passages begin (book, character in the split's text): the first ``n_open`` books' first
-    characters, then random paragraph starts, one book after another."""
+    characters, then random paragraph starts, one book after another, none overlapping a passage of ``avoid``."""
     books = list(texts)
+    span = CHARS_PER_TOKEN * tokens
     starts: list[tuple[str, int]] = [(b, 0) for b in books][:n_open]
     paragraphs = {b: [m.end() for m in re.finditer(r"\n\n(?=[^\n])", t)] for b, t in texts.items()}
     turn = 0
     while len(starts) < n:
         book = books[turn % len(books)]
-        usable = [p for p in paragraphs[book] if 0 < p < len(texts[book]) - CHARS_PER_TOKEN * tokens]
+        taken = [at for b, at in avoid if b == book]
+        usable = [p for p in paragraphs[book] if 0 < p < len(texts[book]) - span
+                  and all(abs(p - at) >= span for at in taken)]
+        if not usable:
+            raise ValueError(f"{book}: no paragraph start leaves room for a passage of {tokens} tokens")
         offset = rng.choice(usable)
         if (book, offset) not in starts:
             starts.append((book, offset))
@@ -121,10 +131,11 @@ def _starts(texts: dict[str, str], n: int, n_open: int, tokens: int, rng: random
 
 def sample_passages(tokenizer, n: int, tokens: int, seed: int = 0, openings: int | None = None,
                     split: str | None = None) -> list[Passage]:
-    """``n`` passages of ``tokens`` tokens from ``split`` ("exploration" or "confirmation"; None: ``COURSE_SPLIT``,
-    confirmation by default): ``openings`` novels' openings first (default: half the passages, at most the six),
-    then passages from random paragraph starts, one novel after another. The same seed and split give the same
-    passages; the two splits' passages never share a character (``course.splits``)."""
+    """``n`` passages of ``tokens`` tokens from ``split`` ("exploration", "confirmation" or a fresh draw "fresh:N";
+    None: ``COURSE_SPLIT``, confirmation by default): ``openings`` novels' openings first (default: half the
+    passages, at most the six), then passages from random paragraph starts, one novel after another. The same seed
+    and split give the same passages; exploration and confirmation never share a character (``course.splits``). A
+    fresh draw takes no openings and no passage overlapping one that confirmation gives the same call."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an integer >= 2 (one passage is an anecdote), got {n!r}")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
@@ -136,16 +147,45 @@ def sample_passages(tokenizer, n: int, tokens: int, seed: int = 0, openings: int
         shares = {b: _from_first_paragraph(t, start) for b, (t, start) in shares.items()}
     texts = {b: t for b, (t, _) in shares.items()}
     n_open = min(len(texts), n // 2 if openings is None else openings, n)
-    out = []
-    for book, at in _starts(texts, n, n_open, tokens, rng):
-        piece = texts[book][at : at + CHARS_PER_TOKEN * tokens]
-        ids = tokenizer(piece, return_tensors="pt", add_special_tokens=False).input_ids
-        offset = shares[book][1] + at
-        if ids.shape[1] < tokens:
-            raise ValueError(f"a passage of {book} at {offset} has only {ids.shape[1]} tokens, fewer than {tokens}")
-        record_text(f"austen/{book}", offset, offset + len(piece), split)
-        out.append(Passage(book, offset, ids[:, :tokens], split, at == 0))
-    return out
+    avoid: tuple[tuple[str, int], ...] = ()
+    if fresh_draw(split) is not None:  # the passages confirmation gives this call, and its openings, are avoided
+        mine = random.Random(split_seed(seed, "confirmation", record=False))
+        avoid = tuple(_starts(texts, n, n_open, tokens, mine)) + tuple((b, 0) for b in texts)
+        n_open = 0
+    return [_passage(tokenizer, shares, book, at, tokens, split)
+            for book, at in _starts(texts, n, n_open, tokens, rng, avoid)]
+
+
+def first_passage(tokenizer, book: str, tokens: int, seed: int = 0, split: str | None = None) -> Passage:
+    """The one passage a notebook tells a story on: ``tokens`` tokens from the start of ``split``'s share of Austen's
+    ``book`` (confirmation: the novel's opening; exploration: the first paragraph of its last fifth). A fresh draw
+    takes a passage of ``book`` at a paragraph start drawn from its seed, away from the opening."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
+        raise ValueError(f"tokens must be an integer >= 2, got {tokens!r}")
+    if book not in AUSTEN_BOOKS.values():
+        raise ValueError(f"book must be one of {', '.join(AUSTEN_BOOKS.values())}, got {book!r}")
+    split = check_split(split)
+    shares = {book: load_split_text(book, split, record=False)}
+    if split == "exploration":
+        shares = {book: _from_first_paragraph(*shares[book])}
+    if fresh_draw(split) is None:
+        return _passage(tokenizer, shares, book, 0, tokens, split)
+    rng = random.Random(split_seed(seed, split))
+    (_, at), = _starts({book: shares[book][0]}, 1, 0, tokens, rng, avoid=((book, 0),))
+    return _passage(tokenizer, shares, book, at, tokens, split)
+
+
+def _passage(tokenizer, shares: dict[str, tuple[str, int]], book: str, at: int, tokens: int, split: str) -> Passage:
+    """The passage of ``tokens`` tokens at character ``at`` of ``book``'s share (``shares[book]``: its text and
+    where it begins in the novel), written down as drawn."""
+    text, start = shares[book]
+    piece = text[at : at + CHARS_PER_TOKEN * tokens]
+    ids = tokenizer(piece, return_tensors="pt", add_special_tokens=False).input_ids
+    offset = start + at
+    if ids.shape[1] < tokens:
+        raise ValueError(f"a passage of {book} at {offset} has only {ids.shape[1]} tokens, fewer than {tokens}")
+    record_text(f"austen/{book}", offset, offset + len(piece), split)
+    return Passage(book, offset, ids[:, :tokens], split, at == 0)
 
 
 def passage_batch(passages: list[Passage]) -> Tensor:

@@ -6,7 +6,7 @@
 * ``train``: train
 * ``bench``: bench (its --notebooks, --grading and --transformers-cache runs use the instructor's tools)
 * ``instructor``: host, release, grade, gradebook, check-outputs, site, notebooks, architecture
-* ``science``: reproductions, explore
+* ``science``: reproductions, explore, reproduce
 * ``args``: what they share (``Command``, argparse types, the model and policy arguments)
 
 ``GROUPS`` is how ``python -m course --help`` lists them, in the words and order of docs/command-line.md (a test
@@ -42,8 +42,8 @@ GROUPS: tuple[Group, ...] = (
                         "throughput", ("bench",)),
     Group("teaching", "list the notebooks, release the student copies, grade submissions, build the course site",
           ("notebooks", "host", "release", "grade", "gradebook", "check-outputs", "site")),
-    Group("science", "the reproduction table from executed notebooks; notebooks run on the exploration split",
-          ("reproductions", "explore")),
+    Group("science", "the reproduction table from executed notebooks; notebooks run on the exploration split; "
+                     "every asserted claim re-run on a fresh draw", ("reproductions", "explore", "reproduce")),
     Group("contributors", "draw the layers of the package from its imports", ("architecture",)),
 )
 

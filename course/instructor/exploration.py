@@ -18,8 +18,8 @@ from pathlib import Path
 
 from course.instructor.reproductions import stored_outputs
 
-__all__ = ["read_provenance", "confirmation_problems", "explore_notebook", "explore", "figure_text", "entries",
-           "anchor_pattern", "ledger_cell", "EXPLORATION_DIR"]
+__all__ = ["read_provenance", "confirmation_problems", "split_record", "explore_notebook", "explore", "figure_text",
+           "entries", "anchor_pattern", "ledger_cell", "EXPLORATION_DIR"]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPLORATION_DIR = ROOT / "docs" / "exploration"
@@ -116,20 +116,24 @@ def ledger_cell(where: str, anchor: str, folder: Path = EXPLORATION_DIR) -> str 
     return f"{'; '.join(found)} ({record['date']}, {record['commit']})"
 
 
-def explore_notebook(path: Path, executed_dir: Path, out_dir: Path, timeout: int | None = None) -> dict:
-    """Execute ``path`` on the exploration split into ``executed_dir`` and write ``out_dir/<stem>.json``."""
+def split_record(path: Path, executed_dir: Path, out_dir: Path, env: dict[str, str], check,
+                 timeout: int | None = None) -> dict:
+    """Execute ``path`` (FAST, claims recorded) with ``env`` (its ``COURSE_SPLIT``) into ``executed_dir`` and write
+    ``out_dir/<stem>.json``: the date, the commit, every row's figure with its interval, n and verdict, and every
+    claim's statement, whether it held and its figure. ``check(stored)`` returns the problems that refuse the file
+    (data drawn outside the split)."""
     from course.instructor.notebook_times import execute_notebook
 
     executed = executed_dir / path.name
-    seconds = execute_notebook(path, executed, fast=True, timeout=timeout, env=ENV)
+    seconds = execute_notebook(path, executed, fast=True, timeout=timeout, env=env)
     stored = read_provenance(executed)
     if stored is None:
         raise ValueError(f"{path.name}: the executed notebook stored no rows (does it end with show_reproductions?)")
-    wrong = [d for d in stored["drawn"] if d["split"] != "exploration"]
-    if stored["split"] != "exploration" or wrong:
-        raise ValueError(f"{path.name}: the exploration run drew confirmation data: {wrong[:3]}")
+    problems = check(stored)
+    if problems:
+        raise ValueError(f"{path.name}: {'; '.join(problems[:3])}")
     record = {"notebook": path.stem, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": _commit(),
-              "split": "exploration", "fast": True, "seconds": round(seconds),
+              "split": stored["split"], "fast": True, "seconds": round(seconds),
               "rows": [{k: r.get(k) for k in ("kind", "quantity", "rule", "measured", "low", "high", "n", "interval",
                                               "verdict", "model", "scale")} for r in stored["rows"]],
               "claims": [{k: c.get(k) for k in ("statement", "held", "figure")} for c in stored["claims"]],
@@ -137,6 +141,18 @@ def explore_notebook(path: Path, executed_dir: Path, out_dir: Path, timeout: int
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{path.stem}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return record
+
+
+def _exploration_problems(stored: dict) -> list[str]:
+    wrong = [d for d in stored["drawn"] if d["split"] != "exploration"]
+    if stored["split"] != "exploration" or wrong:
+        return [f"the exploration run drew confirmation data: {wrong[:3]}"]
+    return []
+
+
+def explore_notebook(path: Path, executed_dir: Path, out_dir: Path, timeout: int | None = None) -> dict:
+    """Execute ``path`` on the exploration split into ``executed_dir`` and write ``out_dir/<stem>.json``."""
+    return split_record(path, executed_dir, out_dir, ENV, _exploration_problems, timeout)
 
 
 def explore(notebooks: list[Path], executed_dir: Path, out_dir: Path = EXPLORATION_DIR,

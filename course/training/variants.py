@@ -22,8 +22,9 @@ from typing import Literal
 
 from torch import Tensor
 
-from course.model_names import SEED_MAX, VARIANTS
+from course.model_names import VARIANTS
 from course.models.base import CausalLM, ModelConfig
+from course.splits import GENERATOR_SEED_MAX
 from course.training.tasks import prepend_sink
 
 __all__ = ["Variant", "TrainConfig", "PRESETS", "MIN_SEEDS", "VARIANTS", "model_config", "variant_config", "TrainRun"]
@@ -65,8 +66,8 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        if not 0 <= self.seed <= SEED_MAX:
-            raise ValueError(f"seed must be an integer from 0 to {SEED_MAX}, got {self.seed}")
+        if not 0 <= self.seed <= GENERATOR_SEED_MAX:  # a split's seed (course.splits), e.g. a fresh draw's
+            raise ValueError(f"seed must be an integer from 0 to {GENERATOR_SEED_MAX}, got {self.seed}")
         for name in ("steps", "batch", "seq_len", "n_layer", "n_head", "d_model", "d_ff", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

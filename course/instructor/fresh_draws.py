@@ -1,0 +1,97 @@
+"""Fresh draws: ``python -m course reproduce --fresh SEED [NOTEBOOK ...]``.
+
+A verdict chosen and asserted on the same data says little about data nobody has seen. A fresh draw re-runs every
+asserted claim and every row of notebooks 02-09 on data drawn after their rules were fixed (``course.splits``:
+split ``"fresh:SEED"``): passages at paragraph starts drawn from SEED in the confirmation characters, never the
+notebooks' own passages nor their openings, never the exploration characters; needles, passkeys, random fills and
+notebook 06's trained models from seeds of SEED's own stream. The notebooks' rules and thresholds stay where they
+are: the executed copies (FAST, claims recorded instead of asserted) go to ``outputs-fresh/<SEED>/`` and each
+notebook's rows and claims to ``docs/fresh/<SEED>/<notebook>.json`` (the record of ``python -m course explore``).
+``python -m course reproductions`` reads the draws beside the notebooks' own runs and says, row by row, whether
+a verdict held on every draw.
+
+    python -m course reproduce --fresh 1                  # notebooks 02-09, about 20 minutes on two cores
+    python -m course reproduce --fresh 1 notebooks/05_snapkv.ipynb --out /tmp/draw
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from course.instructor.exploration import ROOT, split_record
+
+__all__ = ["FRESH_DIR", "NOTEBOOKS", "fresh_problems", "draw_notebook", "fresh_draw_run", "read_draws"]
+
+FRESH_DIR = ROOT / "docs" / "fresh"
+NOTEBOOKS = "0[2-9]_*.ipynb"  # the notebooks with asserted claims (01's are mechanics: true for any data)
+
+
+def fresh_problems(stored: dict, seed: int) -> list[str]:
+    """Why an executed notebook's stored draws are not fresh draw ``seed``'s alone: a draw of another split, a seed
+    outside the draw's stream, or characters outside the confirmation share of a novel. (That no passage is one
+    the notebooks read on the confirmation split is ``course.passages.sample_passages``'s to keep.)"""
+    from course.data import load_text
+    from course.splits import FRESH_BASE, SEED_BLOCK, fresh_split, split_range
+
+    split = fresh_split(seed)
+    problems = [] if stored.get("split") == split else [f"ran on the {stored.get('split')} split, not {split}"]
+    if not stored.get("drawn"):
+        problems.append("no record of the data it drew")
+    low = FRESH_BASE + seed * SEED_BLOCK
+    for d in stored.get("drawn", []):
+        if d["split"] != split:
+            problems.append(f"drew {d['split']} data: {d}")
+        elif d["what"] == "seed" and not low <= d["drawn"] < low + SEED_BLOCK:
+            problems.append(f"a seed outside fresh draw {seed}'s stream: {d}")
+        elif d["what"] == "text":
+            source, _, book = d["source"].partition("/")
+            end = split_range(len(load_text(source, book)), "confirmation")[1]
+            if not 0 <= d["start"] < d["end"] <= end:
+                problems.append(f"characters outside the confirmation share: {d}")
+    return problems
+
+
+def draw_notebook(path: Path, seed: int, executed_dir: Path, out_dir: Path, timeout: int | None = None) -> dict:
+    """Execute ``path`` (FAST, claims recorded) on fresh draw ``seed`` into ``executed_dir`` and write
+    ``out_dir/<stem>.json``; refused (``ValueError``) when it drew anything but that draw's data."""
+    from course.splits import fresh_split
+
+    env = {"COURSE_SPLIT": fresh_split(seed), "COURSE_CLAIMS": "record"}
+    return split_record(path, executed_dir, out_dir, env, lambda stored: fresh_problems(stored, seed), timeout)
+
+
+def fresh_draw_run(seed: int, notebooks: list[Path], executed_dir: Path, out_dir: Path,
+                   timeout: int | None = None, progress: bool = True) -> list[dict]:
+    """``draw_notebook`` for each notebook, one after the other, with a progress bar over the notebooks."""
+    from course.progress import progress_bar
+    from course.splits import fresh_split
+
+    fresh_split(seed)  # checked before anything runs
+    if not notebooks:
+        raise ValueError("notebooks must name at least one notebook (e.g. notebooks/05_snapkv.ipynb)")
+    missing = [str(p) for p in notebooks if not Path(p).is_file()]
+    if missing:
+        raise ValueError(f"no such notebook: {', '.join(missing)}")
+    Path(executed_dir).mkdir(parents=True, exist_ok=True)
+    records = []
+    bar = progress_bar(notebooks, desc=f"fresh draw {seed}", unit="notebook", enabled=progress)
+    for path in bar:
+        if hasattr(bar, "set_postfix_str"):
+            bar.set_postfix_str(Path(path).stem)
+        records.append(draw_notebook(Path(path), seed, Path(executed_dir), Path(out_dir), timeout))
+    return records
+
+
+def read_draws(folder: Path | str = FRESH_DIR) -> dict[int, dict[str, dict]]:
+    """Every fresh draw written under ``folder``: ``{seed: {notebook stem: record}}`` (none: {})."""
+    import json
+
+    folder = Path(folder)
+    draws: dict[int, dict[str, dict]] = {}
+    for sub in sorted(folder.iterdir() if folder.is_dir() else [], key=lambda p: p.name):
+        if sub.is_dir() and sub.name.isdigit():
+            records = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(sub.glob("*.json"))}
+            if records:
+                draws[int(sub.name)] = records
+    return draws
+
