@@ -13,8 +13,8 @@ Three kinds of row, kept apart (``docs/reproductions.md`` counts only the first)
 * **reproduction** (``reproduction``): the paper's own quantity re-measured in the paper's setting (the row's
   ``scale`` states the setting), scaled down and said so; a different quantity, or the paper's quantity in a
   setting the paper did not use, is an illustration or the course's finding. The row holds the paper result (a key of ``course.papers.RESULTS``), the paper's number, the notebook's
-  values (one per passage, seed, prompt or repetition), the scale it ran at, and a ``Rule`` fixed before the
-  run (its value, why, and the commit it was fixed in: ``docs/thresholds.md``) that turns the values into a
+  values (one per passage, seed, prompt or repetition), the scale it ran at, and a ``Rule`` (its value, why, the
+  commit it was fixed in and the runs it was set on: ``docs/thresholds.md``) that turns the values into a
   verdict: *reproduced*, *partly*, *not reproduced at this scale*, or *inconclusive at n = ...*;
 * **illustration** (``illustration``): true by construction, a different quantity than the paper's, or the
   paper's quantity in another setting. Shown
@@ -26,8 +26,10 @@ Uncertainty. A verdict is judged on an interval, never on a point (``course.stat
 order-statistic interval of at least 95 % coverage (exact for any continuous distribution; the range of 6 to 8
 values, the 2nd smallest to the 2nd largest from 9), for a mean a nominal 95 % bootstrap interval; every interval
 prints its coverage. A verdict needs ``MIN_FOR_CLAIM`` (5) values: from 2 to 4 it is *inconclusive at n = ...*
-whatever the values, the reason saying where they lie. Thresholds are chosen on the exploration split and asserted on the
-confirmation split (``course.splits``, ``python -m course explore``). *Reproduced* needs the
+whatever the values, the reason saying where they lie. A threshold is checked on the exploration split and asserted
+on the confirmation split (``course.splits``, ``python -m course explore``); most were first set on runs that were
+also the asserted runs, so fresh draws, data drawn after the rules and read by no one before (``python -m course
+reproduce --fresh SEED``), say which verdicts hold beyond the data they were chosen on. *Reproduced* needs the
 whole interval to clear the rule's threshold; an interval that straddles a threshold is *inconclusive at n =
 ...* (raise n in the full run rather than lower the bar). Every row carries its n.
 
@@ -122,7 +124,7 @@ def verdict_class(verdict: str) -> str:
 
 @dataclass(frozen=True)
 class Rule:
-    """How measured values become a verdict, fixed before the run (``docs/thresholds.md`` says when).
+    """How measured values become a verdict (``docs/thresholds.md`` gives when it was fixed, on which runs).
 
     Exactly one of ``at_least`` / ``at_most``: the ``statistic`` ("median" or "mean") of the measured values
     reproduces the paper when its whole interval (``course.stats.interval``) is at least (at most) that value,

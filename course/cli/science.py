@@ -16,13 +16,16 @@ def _reproductions_args(p: argparse.ArgumentParser) -> None:
                    help="folder of executed notebooks, one column of the table each (give it twice: the FAST and the "
                         "full-size copies; default: ./outputs, written by run-course.sh --execute)")
     p.add_argument("--out", default="docs/reproductions.md", help="the page to write (default: docs/reproductions.md)")
+    p.add_argument("--draws", default="docs/fresh",
+                   help="folder of fresh draws (python -m course reproduce --fresh SEED), set beside the notebooks' "
+                        "runs; with any, fresh-draws.md is written beside the page (default: docs/fresh)")
     p.add_argument("--json", action="store_true")
 
 
 def _reproductions(args: argparse.Namespace) -> dict:
     from course.instructor.reproductions import write_reproductions
 
-    result = write_reproductions(args.source or ["outputs"], args.out)
+    result = write_reproductions(args.source or ["outputs"], args.out, args.draws)
     if not args.json:
         counts = "; ".join(f"{name}: " + ", ".join(f"{n} {v}" for v, n in c.items())
                            for name, c in result["columns"].items())

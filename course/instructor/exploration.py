@@ -18,8 +18,8 @@ from pathlib import Path
 
 from course.instructor.reproductions import stored_outputs
 
-__all__ = ["read_provenance", "confirmation_problems", "split_record", "explore_notebook", "explore", "figure_text",
-           "entries", "anchor_pattern", "ledger_cell", "EXPLORATION_DIR"]
+__all__ = ["read_provenance", "confirmation_problems", "split_record", "explore_notebook", "check_notebooks", "explore",
+           "figure_text", "entries", "anchor_pattern", "ledger_cell", "EXPLORATION_DIR"]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPLORATION_DIR = ROOT / "docs" / "exploration"
@@ -155,13 +155,18 @@ def explore_notebook(path: Path, executed_dir: Path, out_dir: Path, timeout: int
     return split_record(path, executed_dir, out_dir, ENV, _exploration_problems, timeout)
 
 
-def explore(notebooks: list[Path], executed_dir: Path, out_dir: Path = EXPLORATION_DIR,
-            timeout: int | None = None) -> list[dict]:
-    """``explore_notebook`` for each notebook, one after the other."""
+def check_notebooks(notebooks: list[Path], executed_dir: Path) -> None:
+    """Refuse an empty list or a missing notebook before anything runs; make the folder for the executed copies."""
     if not notebooks:
         raise ValueError("notebooks must name at least one notebook (e.g. notebooks/02_attention_sinks.ipynb)")
     missing = [str(p) for p in notebooks if not Path(p).is_file()]
     if missing:
         raise ValueError(f"no such notebook: {', '.join(missing)}")
     Path(executed_dir).mkdir(parents=True, exist_ok=True)
+
+
+def explore(notebooks: list[Path], executed_dir: Path, out_dir: Path = EXPLORATION_DIR,
+            timeout: int | None = None) -> list[dict]:
+    """``explore_notebook`` for each notebook, one after the other."""
+    check_notebooks(notebooks, executed_dir)
     return [explore_notebook(Path(p), Path(executed_dir), Path(out_dir), timeout) for p in notebooks]

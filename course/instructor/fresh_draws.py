@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from course.instructor.exploration import ROOT, split_record
+from course.instructor.exploration import ROOT, check_notebooks, split_record
 
 __all__ = ["FRESH_DIR", "NOTEBOOKS", "fresh_problems", "draw_notebook", "fresh_draw_run", "read_draws"]
 
@@ -67,12 +67,7 @@ def fresh_draw_run(seed: int, notebooks: list[Path], executed_dir: Path, out_dir
     from course.splits import fresh_split
 
     fresh_split(seed)  # checked before anything runs
-    if not notebooks:
-        raise ValueError("notebooks must name at least one notebook (e.g. notebooks/05_snapkv.ipynb)")
-    missing = [str(p) for p in notebooks if not Path(p).is_file()]
-    if missing:
-        raise ValueError(f"no such notebook: {', '.join(missing)}")
-    Path(executed_dir).mkdir(parents=True, exist_ok=True)
+    check_notebooks(notebooks, executed_dir)
     records = []
     bar = progress_bar(notebooks, desc=f"fresh draw {seed}", unit="notebook", enabled=progress)
     for path in bar:
@@ -95,3 +90,45 @@ def read_draws(folder: Path | str = FRESH_DIR) -> dict[int, dict[str, dict]]:
                 draws[int(sub.name)] = records
     return draws
 
+
+
+# ----------------------------------------------------------------------------- the draws beside the notebooks' runs
+def row_key(notebook: str, row: dict) -> tuple[str, str, str]:
+    """How a row is matched across runs: its notebook's number, its kind and its quantity."""
+    return notebook[:2], row["kind"], row["quantity"]
+
+
+def draw_rows(draws: dict[int, dict[str, dict]]) -> dict[tuple[str, str, str], dict[int, dict]]:
+    """``{row_key: {seed: row}}`` over every draw."""
+    out: dict[tuple[str, str, str], dict[int, dict]] = {}
+    for seed, records in draws.items():
+        for stem, record in records.items():
+            for r in record["rows"]:
+                out.setdefault(row_key(stem, r), {})[seed] = r
+    return out
+
+
+def draw_claims(draws: dict[int, dict[str, dict]]) -> dict[tuple[str, str], dict[int, dict]]:
+    """``{(notebook number, statement): {seed: claim}}``: the claims the notebooks assert (a finding's statement,
+    recorded as a claim too, is left to its row)."""
+    rows = {k[2] for k in draw_rows(draws)}
+    out: dict[tuple[str, str], dict[int, dict]] = {}
+    for seed, records in draws.items():
+        for stem, record in records.items():
+            for c in record["claims"]:
+                if c["statement"] not in rows:
+                    out.setdefault((stem[:2], c["statement"]), {})[seed] = c
+    return out
+
+
+def agreement(own: str | None, fresh: dict[int, str | None], seeds: list[int]) -> str:
+    """What the draws say of a verdict: ``own`` is the notebooks' verdict class on their own data (None: an
+    illustration), ``fresh`` each draw's (None: the draw has no such row)."""
+    missing = [s for s in seeds if fresh.get(s) is None]
+    if missing:
+        return f"not in draw {', '.join(map(str, missing))}"
+    differ = [s for s in seeds if fresh[s] != own]
+    if not differ:
+        return ("held on every fresh draw" if own in ("reproduced", "partly", "holds")
+                else f"the same verdict ({own}) on every fresh draw")
+    return "**exploratory**: " + "; ".join(f"draw {s}: {fresh[s]}" for s in differ)

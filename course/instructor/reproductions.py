@@ -8,6 +8,11 @@ and its verdict in every column, and where the columns disagree; the illustratio
 the course's own findings. Then the rules and the published results of ``course.papers.RESULTS`` that no
 executed notebook re-ran, so that every number the course quotes has a line.
 
+With fresh draws (``python -m course reproduce --fresh SEED``, read from ``--draws``, default docs/fresh), every
+table gains a column saying whether a row's verdict held on every draw (a row whose verdict differs is
+*exploratory*), a section sets the asserted claims draw by draw, and ``fresh-draws.md`` beside the page gives every
+value of every draw.
+
 A notebook that a column did not run is marked *not run*, with the reason written in that folder's
 ``not-run.txt`` (lines ``NN_name: reason``); a line for a notebook the column did run explains the rows missing from
 it (an older run, before a section was added). The site shows the page (``course.instructor.site``).
@@ -22,7 +27,8 @@ from pathlib import Path
 from course.claims import (DOES_NOT_HOLD, FINDING, HOLDS, ILLUSTRATION, INCONCLUSIVE, REPRODUCTION, REPRODUCTION_MIME,
                            VERDICTS, verdict_class)
 
-__all__ = ["stored_outputs", "read_rows", "read_not_run", "column_name", "render", "tally", "write_reproductions"]
+__all__ = ["stored_outputs", "read_rows", "read_not_run", "column_name", "render", "render_draws", "tally",
+           "write_reproductions"]
 
 FINDING_VERDICTS = (HOLDS, INCONCLUSIVE, DOES_NOT_HOLD)
 
@@ -117,7 +123,12 @@ class _Page:
     """What every part of the page reads: the columns, every row once in the order the notebooks recorded them
     (``order``, ``first``), each column's rows by key (``by``), and which of them repeat the first column's."""
 
-    def __init__(self, columns: Columns):
+    def __init__(self, columns: Columns, draws: dict[int, dict[str, dict]] | None = None):
+        from course.instructor.fresh_draws import draw_rows
+
+        self.draws = draws or {}
+        self.seeds = sorted(self.draws)
+        self.fresh = draw_rows(self.draws)
         self.columns, self.names = columns, list(columns)
         self.order, self.first = [], {}
         for name in self.names:
@@ -155,12 +166,34 @@ class _Page:
                     [f"**{r['verdict']}** — {r['reason']}"] if verdict else [])
         return cells
 
+    @property
+    def own(self) -> str:
+        """The column the fresh draws are set beside: FAST (the draws run FAST), else the first."""
+        return "FAST" if "FAST" in self.by else self.names[0]
+
+    def fresh_cell(self, k: tuple) -> str:
+        """What the fresh draws say of row ``k``: whether its verdict held on every draw (an illustration: its
+        value on each draw)."""
+        from course.instructor.fresh_draws import agreement
+
+        found = self.fresh.get((k[0], k[1], k[3]), {})
+        if k[1] == ILLUSTRATION:
+            return "; ".join(f"draw {s}: " + (_value(found[s]) if s in found else "no such row") for s in self.seeds)
+        mine = self.by[self.own].get(k)
+        own = verdict_class(mine["verdict"]) if mine else None
+        return agreement(own, {s: verdict_class(r["verdict"]) for s, r in found.items()}, self.seeds)
+
+    def fresh_head(self) -> list[str]:
+        return [f"fresh draws {', '.join(map(str, self.seeds))}"] if self.seeds else []
+
     def table(self, kind: str, head: list[str], cells) -> list[str]:
         keys = [k for k in self.order if k[1] == kind]
         if not keys:
             return ["(none)", ""]
+        head = head + self.fresh_head()
         return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-                + ["| " + " | ".join(_cell(c) for c in cells(k)) + " |" for k in keys] + [""])
+                + ["| " + " | ".join(_cell(c) for c in cells(k) + ([self.fresh_cell(k)] if self.seeds else []))
+                   + " |" for k in keys] + [""])
 
 
 INTRO = [
@@ -171,7 +204,8 @@ INTRO = [
     "scaled down and said so; each gets a verdict from a rule whose history [thresholds.md](thresholds.md) gives "
     "commit by commit (its value, why, the commit it was fixed in, and its figure on the exploration split, which "
     "the verdict never reads: most rules were first set on runs that were also the asserted runs, and checked on the "
-    "exploration split only afterwards): *reproduced* or *partly* only when the whole interval clears the "
+    "exploration split only afterwards; the [fresh draws](#fresh-draws) re-run them on data drawn after the rules, "
+    "which no one had read): *reproduced* or *partly* only when the whole interval clears the "
     "threshold (for a median, the order-statistic interval whose exact coverage is at least 95 %: the range of 6 to "
     "8 values, the 2nd smallest to the 2nd largest of 9 to 11, the 3rd from 12; `course.stats`), *inconclusive at "
     "n = ...* when it straddles one or when it rests on 2 to 4 values (their range covers the median only "
@@ -254,11 +288,51 @@ def _rules_and_quoted(page: _Page) -> list[str]:
     return out
 
 
-def render(columns: Columns) -> str:
-    """The page from ``{column name: (rows, runs, not_run)}`` (``read_rows`` and ``read_not_run`` of each folder)."""
-    page = _Page(columns)
+def _fresh_summary(page: _Page) -> list[str]:
+    """The fresh draws in a few lines: what they are, how many verdicts held on every draw, and the claims the
+    notebooks assert, draw by draw."""
+    from course.instructor.fresh_draws import agreement, draw_claims
+
+    out = ["## Fresh draws", ""]
+    if not page.seeds:
+        return out + ["No fresh draw is on record: `python -m course reproduce --fresh SEED` runs one.", ""]
+    judged = [k for k in page.order if k[1] != ILLUSTRATION and k in page.by[page.own]]
+    status = {k: page.fresh_cell(k) for k in judged}
+    held = sum(v.startswith("held") for v in status.values())
+    same = sum(v.startswith("the same") for v in status.values())
+    explore = sum(v.startswith("**exploratory") for v in status.values())
+    out += [f"Every row and every asserted claim of notebooks 02-09 was run again on fresh draws "
+            f"{', '.join(map(str, page.seeds))} (`python -m course reproduce --fresh SEED`, FAST, the same rules and "
+            "thresholds): passages drawn from the seed in the confirmation text away from the notebooks' own passages "
+            "and openings, needles, passkeys and notebook 06's models from the seed's own stream. The column *fresh "
+            "draws* of every table says whether a verdict held on every draw; a row whose verdict differs on a draw "
+            "is **exploratory**: it holds on the data it was chosen on, not beyond it. Every value of every draw: "
+            "[fresh-draws.md](fresh-draws.md).", "",
+            f"Of {len(judged)} rows with a verdict in the {page.own} column: {held} held on every draw, {same} kept "
+            f"the same (negative or inconclusive) verdict, {explore} are exploratory, "
+            f"{len(judged) - held - same - explore} are missing from a draw.", ""]
+    claims = draw_claims(page.draws)
+    if claims:
+        out += ["The claims the notebooks assert (each held on the notebooks' own data, or the notebook would have "
+                "stopped):", "", "| notebook | claim | " + " | ".join(f"draw {s}" for s in page.seeds)
+                + " | fresh draws |", "|" + "---|" * (len(page.seeds) + 3)]
+        for (nb, statement), by_seed in claims.items():
+            cells = [(("held" if by_seed[s]["held"] else "**did not hold**")
+                      + ("" if by_seed[s].get("figure") is None else f" ({by_seed[s]['figure']:.3g})"))
+                     if s in by_seed else "no such claim" for s in page.seeds]
+            verdict = agreement("holds", {s: "holds" if c["held"] else "does not hold" for s, c in by_seed.items()},
+                                page.seeds)
+            out.append("| " + " | ".join(_cell(c) for c in [nb, statement, *cells, verdict]) + " |")
+        out.append("")
+    return out
+
+
+def render(columns: Columns, draws: dict[int, dict[str, dict]] | None = None) -> str:
+    """The page from ``{column name: (rows, runs, not_run)}`` (``read_rows`` and ``read_not_run`` of each folder)
+    and the fresh draws (``course.instructor.fresh_draws.read_draws``), if any."""
+    page = _Page(columns, draws)
     names, first = page.names, page.first
-    out = INTRO + _columns_read(page) + _tallies(page) + ["## Reproductions (counted)", ""]
+    out = INTRO + _columns_read(page) + _tallies(page) + _fresh_summary(page) + ["## Reproductions (counted)", ""]
     out += page.table(REPRODUCTION, ["notebook", "paper, table or figure", "quantity and setting", "paper"]
                       + [h for name in names for h in (f"{name}: course", f"{name}: verdict")],
                       lambda k: [k[0], first[k]["source"], first[k]["quantity"], first[k]["paper"]] + page.cells(k))
@@ -276,9 +350,40 @@ def render(columns: Columns) -> str:
     return "\n".join(out + _rules_and_quoted(page)) + "\n"
 
 
-def write_reproductions(executed, out: Path | str) -> dict:
-    """Read the rows from ``executed`` (one folder, or a list of folders: one column each) and write the page to
-    ``out``. Returns ``{"out", "rows", "columns": {name: {verdict: count}}}``."""
+def render_draws(page: _Page) -> str:
+    """The fresh-draws page: every row's value and verdict on the notebooks' own data and on every draw."""
+    lines = ["# Fresh draws", "",
+             "Every row of notebooks 02-09 on the notebooks' own data (the FAST column of "
+             "[reproductions.md](reproductions.md)) and on every fresh draw (`python -m course reproduce --fresh SEED`,"
+             " FAST, claims recorded instead of asserted; the rules and thresholds are the notebooks'). What the draws "
+             "say of each verdict, and the asserted claims draw by draw: [reproductions.md](reproductions.md#fresh-"
+             "draws).", ""]
+    for seed in page.seeds:
+        runs = "; ".join(f"`{stem}` {r['seconds']} s" for stem, r in page.draws[seed].items())
+        first = next(iter(page.draws[seed].values()))
+        lines += [f"**draw {seed}** ({first['date']}, commit {first['commit']}, split `{first['split']}`): {runs}.", ""]
+    head = ["notebook", "kind", "quantity", f"{page.own}: own data"] + [f"draw {s}" for s in page.seeds]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    keys = list(dict.fromkeys([(k[0], k[1], k[3]) for k in page.order] + sorted(page.fresh)))
+    own = {(k[0], k[1], k[3]): r for k, r in page.by[page.own].items()}
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "*no such row*"
+        return _value(r) + ("" if r["kind"] == ILLUSTRATION else f" — {r['verdict']}")
+
+    for k in keys:
+        lines.append("| " + " | ".join(_cell(c) for c in [k[0], k[1], k[2], cell(own.get(k))]
+                                       + [cell(page.fresh.get(k, {}).get(s)) for s in page.seeds]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_reproductions(executed, out: Path | str, draws_dir: Path | str | None = None) -> dict:
+    """Read the rows from ``executed`` (one folder, or a list of folders: one column each) and the fresh draws under
+    ``draws_dir`` (``course.instructor.fresh_draws``; None: none), and write the page to ``out`` (and, with draws,
+    ``fresh-draws.md`` beside it). Returns ``{"out", "rows", "columns": {name: {verdict: count}}}``."""
+    from course.instructor.fresh_draws import read_draws
+
     folders = [executed] if isinstance(executed, (str, Path)) else list(executed)
     columns = {}
     for folder in folders:
@@ -290,9 +395,12 @@ def write_reproductions(executed, out: Path | str) -> dict:
         if name in columns:
             raise ValueError(f"two folders give the column {name!r}: give one FAST and one full-size folder")
         columns[name] = (rows, runs, read_not_run(folder))
+    draws = read_draws(draws_dir) if draws_dir is not None else {}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(render(columns), encoding="utf-8")
-    page = _Page(columns)
+    Path(out).write_text(render(columns, draws), encoding="utf-8")
+    page = _Page(columns, draws)
+    if draws:
+        (Path(out).parent / "fresh-draws.md").write_text(render_draws(page), encoding="utf-8")
     counts = {name: tally(page.counted(name))[REPRODUCTION] for name in columns}
     return {"out": str(out), "rows": sum(len(c[0]) for c in columns.values()), "columns": counts,
             "kinds": {name: tally(page.counted(name)) for name in columns}}

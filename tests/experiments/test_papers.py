@@ -200,3 +200,45 @@ def test_the_committed_page_has_both_columns_the_three_kinds_and_n_everywhere():
         part = page[page.index(kind):]
         assert any(line.startswith("| 0") and ", n = " in line for line in part.splitlines()), kind
 
+
+
+def test_fresh_draws_say_which_verdicts_held_beyond_the_notebooks_data(tmp_path):
+    """Two draws beside a FAST column: a verdict kept on both draws held; one lost on a draw is labelled
+    exploratory, with the draw's verdict; a claim that failed on a draw is named; fresh-draws.md gives every value."""
+    from dataclasses import asdict
+
+    from course.claims import finding
+    from course.instructor.reproductions import write_reproductions
+
+    rule = Rule("no sinks / 4 sinks", at_least=10, partly=2)
+    kept = reproduction("03", "streamingllm.table2.llama2", "350x", [12, 14, 30, 11, 13], rule, tiny_config("gpt2"),
+                        "5 passages")
+    lost = finding("03", "eight sinks are within 5% of four", [0.01] * 5, Rule("excess", at_most=0.05),
+                   tiny_config("gpt2"), "5 passages")
+    REPRODUCTIONS[:] = [r for r in REPRODUCTIONS if r.notebook != "03"]
+    _executed(tmp_path / "fast", "03_streaming_llm.ipynb", [kept, lost], True)
+
+    def draw(seed: int, excess: float, held: bool) -> None:
+        rows = [dict(asdict(kept), measured=20.0), dict(asdict(lost), measured=excess, low=excess, high=excess,
+                                                        verdict="holds" if excess <= 0.05 else "does not hold")]
+        record = {"notebook": "03_streaming_llm", "date": "2026-12-07", "commit": "abc1234", "split": f"fresh:{seed}",
+                  "seconds": 90, "rows": rows,
+                  "claims": [{"statement": "four sinks beat none on every passage", "held": held, "figure": 1.7}]}
+        (tmp_path / "draws" / str(seed)).mkdir(parents=True)
+        (tmp_path / "draws" / str(seed) / "03_streaming_llm.json").write_text(json.dumps(record))
+
+    draw(1, 0.02, True)
+    draw(2, 0.09, False)
+    write_reproductions(tmp_path / "fast", tmp_path / "docs" / "reproductions.md", tmp_path / "draws")
+    page = (tmp_path / "docs" / "reproductions.md").read_text(encoding="utf-8")
+    assert "| fresh draws 1, 2 |" in page
+    assert "held on every fresh draw |" in page                      # the reproduction kept its verdict
+    assert "**exploratory**: draw 2: does not hold |" in page         # the finding did not
+    assert "Of 2 rows with a verdict in the FAST column: 1 held on every draw, 0 kept the same" in page
+    assert "| 03 | four sinks beat none on every passage | held (1.7) | **did not hold** (1.7) | **exploratory**: " \
+           "draw 2: does not hold |" in page
+    values = (tmp_path / "docs" / "fresh-draws.md").read_text(encoding="utf-8")
+    assert "**draw 2** (2026-12-07, commit abc1234, split `fresh:2`)" in values
+    assert "0.09, n = 5 — does not hold" in values or "0.09 [0.09 to 0.09" in values
+    write_reproductions(tmp_path / "fast", tmp_path / "alone.md")  # no draws: the section says how to run one
+    assert "No fresh draw is on record" in (tmp_path / "alone.md").read_text(encoding="utf-8")
