@@ -177,11 +177,15 @@ class _Page:
         from course.instructor.fresh_draws import agreement
 
         found = self.fresh.get((k[0], k[1], k[3]), {})
+        if not any(stem[:2] == k[0] for records in self.draws.values() for stem in records):
+            return "notebook not drawn"
         if k[1] == ILLUSTRATION:
             return "; ".join(f"draw {s}: " + (_value(found[s]) if s in found else "no such row") for s in self.seeds)
         mine = self.by[self.own].get(k)
-        own = verdict_class(mine["verdict"]) if mine else None
-        return agreement(own, {s: verdict_class(r["verdict"]) for s, r in found.items()}, self.seeds)
+        if mine is None:
+            return f"no {self.own} row to compare"
+        return agreement(verdict_class(mine["verdict"]), {s: verdict_class(r["verdict"]) for s, r in found.items()},
+                         self.seeds)
 
     def fresh_head(self) -> list[str]:
         return [f"fresh draws {', '.join(map(str, self.seeds))}"] if self.seeds else []
@@ -306,16 +310,21 @@ def _fresh_summary(page: _Page) -> list[str]:
             "thresholds): passages drawn from the seed in the confirmation text away from the notebooks' own passages "
             "and openings, needles, passkeys and notebook 06's models from the seed's own stream. The column *fresh "
             "draws* of every table says whether a verdict held on every draw; a row whose verdict differs on a draw "
-            "is **exploratory**: it holds on the data it was chosen on, not beyond it. Every value of every draw: "
+            "is **exploratory**: it holds on the data it was chosen on, not beyond it. The draws run FAST, so they "
+            "judge the FAST column's verdicts; a full-size verdict is not re-run by them. Every value of every draw: "
             "[fresh-draws.md](fresh-draws.md).", "",
             f"Of {len(judged)} rows with a verdict in the {page.own} column: {held} held on every draw, {same} kept "
-            f"the same (negative or inconclusive) verdict, {explore} are exploratory, "
-            f"{len(judged) - held - same - explore} are missing from a draw.", ""]
+            f"the same (negative or inconclusive) verdict, exploratory: {explore}, missing from a draw: "
+            f"{len(judged) - held - same - explore}.", ""]
     claims = draw_claims(page.draws)
     if claims:
-        out += ["The claims the notebooks assert (each held on the notebooks' own data, or the notebook would have "
-                "stopped):", "", "| notebook | claim | " + " | ".join(f"draw {s}" for s in page.seeds)
-                + " | fresh draws |", "|" + "---|" * (len(page.seeds) + 3)]
+        lost = sum(any(not c["held"] for c in by_seed.values()) or len(by_seed) < len(page.seeds)
+                   for by_seed in claims.values())
+        out += [f"The claims the notebooks assert (each held on the notebooks' own data, or the notebook would have "
+                f"stopped): {len(claims) - lost} of {len(claims)} held on every draw; {lost} failed on a draw or are "
+                "missing from one, and are exploratory:", "",
+                "| notebook | claim | " + " | ".join(f"draw {s}" for s in page.seeds) + " | fresh draws |",
+                "|" + "---|" * (len(page.seeds) + 3)]
         for (nb, statement), by_seed in claims.items():
             cells = [(("held" if by_seed[s]["held"] else "**did not hold**")
                       + ("" if by_seed[s].get("figure") is None else f" ({by_seed[s]['figure']:.3g})"))
@@ -364,7 +373,8 @@ def render_draws(page: _Page) -> str:
         lines += [f"**draw {seed}** ({first['date']}, commit {first['commit']}, split `{first['split']}`): {runs}.", ""]
     head = ["notebook", "kind", "quantity", f"{page.own}: own data"] + [f"draw {s}" for s in page.seeds]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    keys = list(dict.fromkeys([(k[0], k[1], k[3]) for k in page.order] + sorted(page.fresh)))
+    drawn = {stem[:2] for records in page.draws.values() for stem in records}
+    keys = [k for k in dict.fromkeys([(k[0], k[1], k[3]) for k in page.order] + sorted(page.fresh)) if k[0] in drawn]
     own = {(k[0], k[1], k[3]): r for k, r in page.by[page.own].items()}
 
     def cell(r: dict | None) -> str:

@@ -235,6 +235,7 @@ def test_fresh_draws_say_which_verdicts_held_beyond_the_notebooks_data(tmp_path)
     assert "held on every fresh draw |" in page                      # the reproduction kept its verdict
     assert "**exploratory**: draw 2: does not hold |" in page         # the finding did not
     assert "Of 2 rows with a verdict in the FAST column: 1 held on every draw, 0 kept the same" in page
+    assert "0 of 1 held on every draw; 1 failed on a draw or are missing from one" in page
     assert "| 03 | four sinks beat none on every passage | held (1.7) | **did not hold** (1.7) | **exploratory**: " \
            "draw 2: does not hold |" in page
     values = (tmp_path / "docs" / "fresh-draws.md").read_text(encoding="utf-8")
