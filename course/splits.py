@@ -11,9 +11,9 @@ Every number the course asserts comes from a *confirmation* run; every threshold
 
 A third kind of split re-runs the asserted claims on data drawn after the rules were fixed, which nobody has looked
 at: a **fresh draw** ``"fresh:N"`` (``fresh_split(N)``, ``python -m course reproduce --fresh N``). It reads the
-confirmation characters but never the notebooks' own passages (``course.passages`` draws its passages away from
-them, and no openings), and its base seed ``s`` becomes ``FRESH_BASE + N * SEED_BLOCK + s``: a stream of its own
-for every draw, apart from both splits above.
+confirmation characters, takes no opening and no passage that the confirmation split gives the same call
+(``course.passages``; a passage another call of the notebooks reads can still overlap one), and its base seed ``s``
+becomes ``FRESH_BASE + N * SEED_BLOCK + s``: a stream of its own for every draw, apart from both splits above.
 
 The split in force is the environment's ``COURSE_SPLIT`` ("confirmation" unless set). Every draw is written
 down (``DRAWN``: which split, which characters of which novel, which seed) and stored with the notebook's
@@ -89,7 +89,7 @@ def check_split(split: str | None) -> str:
 def split_range(length: int, split: str | None = None) -> tuple[int, int]:
     """The characters ``[start, end)`` of a text of ``length`` characters that ``split`` may read: confirmation
     the first ``1 - EXPLORATION_SHARE`` (the opening included), exploration the rest. The two never overlap. A
-    fresh draw reads the confirmation characters (away from the notebooks' passages: ``course.passages``)."""
+    fresh draw reads the confirmation characters (away from the same call's passages: ``course.passages``)."""
     if isinstance(length, bool) or not isinstance(length, int) or length < 2:
         raise ValueError(f"length must be an integer >= 2 (characters of a text), got {length!r}")
     cut = int(length * (1 - EXPLORATION_SHARE))

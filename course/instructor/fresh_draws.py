@@ -2,8 +2,9 @@
 
 A verdict chosen and asserted on the same data says little about data nobody has seen. A fresh draw re-runs every
 asserted claim and every row of notebooks 02-09 on data drawn after their rules were fixed (``course.splits``:
-split ``"fresh:SEED"``): passages at paragraph starts drawn from SEED in the confirmation characters, never the
-notebooks' own passages nor their openings, never the exploration characters; needles, passkeys, random fills and
+split ``"fresh:SEED"``): passages at paragraph starts drawn from SEED in the confirmation characters, never an
+opening nor a passage the same call reads on the confirmation split (another call's passage can overlap one), never
+the exploration characters; needles, passkeys, random fills and
 notebook 06's trained models from seeds of SEED's own stream. The notebooks' rules and thresholds stay where they
 are: the executed copies (FAST, claims recorded instead of asserted) go to ``outputs-fresh/<SEED>/`` and each
 notebook's rows and claims to ``docs/fresh/<SEED>/<notebook>.json`` (the record of ``python -m course explore``).

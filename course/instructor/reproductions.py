@@ -307,8 +307,10 @@ def _fresh_summary(page: _Page) -> list[str]:
     explore = sum(v.startswith("**exploratory") for v in status.values())
     out += [f"Every row and every asserted claim of notebooks 02-09 was run again on fresh draws "
             f"{', '.join(map(str, page.seeds))} (`python -m course reproduce --fresh SEED`, FAST, the same rules and "
-            "thresholds): passages drawn from the seed in the confirmation text away from the notebooks' own passages "
-            "and openings, needles, passkeys and notebook 06's models from the seed's own stream. The column *fresh "
+            "thresholds): passages drawn from the seed in the confirmation text, away from the openings and from the "
+            "passages the same call reads on the confirmation split (a passage another call reads can still overlap "
+            "one: [conventions.md](conventions.md#results-reproductions-illustrations-findings)), needles, passkeys "
+            "and notebook 06's models from the seed's own stream. The column *fresh "
             "draws* of every table says whether a verdict held on every draw; a row whose verdict differs on a draw "
             "is **exploratory**: it holds on the data it was chosen on, not beyond it. The draws run FAST, so they "
             "judge the FAST column's verdicts; a full-size verdict is not re-run by them. Every value of every draw: "
