@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from course.instructor.exploration import ROOT, check_notebooks, split_record
+from course.instructor.exploration import check_notebooks, split_record
+from course.instructor.fresh_tables import FRESH_DIR
 
-__all__ = ["FRESH_DIR", "NOTEBOOKS", "fresh_problems", "draw_notebook", "fresh_draw_run", "read_draws"]
+__all__ = ["FRESH_DIR", "NOTEBOOKS", "fresh_problems", "draw_notebook", "fresh_draw_run"]
 
-FRESH_DIR = ROOT / "docs" / "fresh"
 NOTEBOOKS = "0[2-9]_*.ipynb"  # the notebooks with asserted claims (01's are mechanics: true for any data)
 
 
@@ -76,60 +76,3 @@ def fresh_draw_run(seed: int, notebooks: list[Path], executed_dir: Path, out_dir
             bar.set_postfix_str(Path(path).stem)
         records.append(draw_notebook(Path(path), seed, Path(executed_dir), Path(out_dir), timeout))
     return records
-
-
-def read_draws(folder: Path | str = FRESH_DIR) -> dict[int, dict[str, dict]]:
-    """Every fresh draw written under ``folder``: ``{seed: {notebook stem: record}}`` (none: {})."""
-    import json
-
-    folder = Path(folder)
-    draws: dict[int, dict[str, dict]] = {}
-    for sub in sorted(folder.iterdir() if folder.is_dir() else [], key=lambda p: p.name):
-        if sub.is_dir() and sub.name.isdigit():
-            records = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(sub.glob("*.json"))}
-            if records:
-                draws[int(sub.name)] = records
-    return draws
-
-
-
-# ----------------------------------------------------------------------------- the draws beside the notebooks' runs
-def row_key(notebook: str, row: dict) -> tuple[str, str, str]:
-    """How a row is matched across runs: its notebook's number, its kind and its quantity."""
-    return notebook[:2], row["kind"], row["quantity"]
-
-
-def draw_rows(draws: dict[int, dict[str, dict]]) -> dict[tuple[str, str, str], dict[int, dict]]:
-    """``{row_key: {seed: row}}`` over every draw."""
-    out: dict[tuple[str, str, str], dict[int, dict]] = {}
-    for seed, records in draws.items():
-        for stem, record in records.items():
-            for r in record["rows"]:
-                out.setdefault(row_key(stem, r), {})[seed] = r
-    return out
-
-
-def draw_claims(draws: dict[int, dict[str, dict]]) -> dict[tuple[str, str], dict[int, dict]]:
-    """``{(notebook number, statement): {seed: claim}}``: the claims the notebooks assert (a finding's statement,
-    recorded as a claim too, is left to its row)."""
-    rows = {k[2] for k in draw_rows(draws)}
-    out: dict[tuple[str, str], dict[int, dict]] = {}
-    for seed, records in draws.items():
-        for stem, record in records.items():
-            for c in record["claims"]:
-                if c["statement"] not in rows:
-                    out.setdefault((stem[:2], c["statement"]), {})[seed] = c
-    return out
-
-
-def agreement(own: str | None, fresh: dict[int, str | None], seeds: list[int]) -> str:
-    """What the draws say of a verdict: ``own`` is the notebooks' verdict class on their own data (None: an
-    illustration), ``fresh`` each draw's (None: the draw has no such row)."""
-    missing = [s for s in seeds if fresh.get(s) is None]
-    if missing:
-        return f"not in draw {', '.join(map(str, missing))}"
-    differ = [s for s in seeds if fresh[s] != own]
-    if not differ:
-        return ("held on every fresh draw" if own in ("reproduced", "partly", "holds")
-                else f"the same verdict ({own}) on every fresh draw")
-    return "**exploratory**: " + "; ".join(f"draw {s}: {fresh[s]}" for s in differ)

@@ -26,9 +26,11 @@ from pathlib import Path
 
 from course.claims import (DOES_NOT_HOLD, FINDING, HOLDS, ILLUSTRATION, INCONCLUSIVE, REPRODUCTION, REPRODUCTION_MIME,
                            VERDICTS, verdict_class)
+from course.instructor.fresh_tables import agreement, draw_rows, read_draws, render_draws, summary
+from course.instructor.fresh_tables import cell_text as _cell
+from course.instructor.fresh_tables import value_text as _value
 
-__all__ = ["stored_outputs", "read_rows", "read_not_run", "column_name", "render", "render_draws", "tally",
-           "write_reproductions"]
+__all__ = ["stored_outputs", "read_rows", "read_not_run", "column_name", "render", "tally", "write_reproductions"]
 
 FINDING_VERDICTS = (HOLDS, INCONCLUSIVE, DOES_NOT_HOLD)
 
@@ -89,19 +91,6 @@ def column_name(executed: Path | str, runs: dict[str, str]) -> str:
     return {frozenset({True}): "FAST", frozenset({False}): "full size"}.get(frozenset(fast), Path(executed).name)
 
 
-def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _value(r: dict) -> str:
-    """A row's number with its n and interval: ``1.22 [1.1 to 1.4, range], n = 6``."""
-    if r.get("low") is None and r["kind"] == FINDING:  # a yes/no finding (course.claims.report)
-        return f"{'yes' if r['measured'] else 'no'}, n = {r['n']}"
-    if r["n"] > 1 and r.get("low") is not None:
-        return f"{r['measured']:.3g} [{r['low']:.3g} to {r['high']:.3g}, {r['interval']}], n = {r['n']}"
-    return f"{r['measured']:.3g}, n = {r['n']}"
-
-
 def _key(r: dict) -> tuple:
     return (r["notebook"], r["kind"], r.get("result"), r["quantity"])
 
@@ -124,8 +113,6 @@ class _Page:
     (``order``, ``first``), each column's rows by key (``by``), and which of them repeat the first column's."""
 
     def __init__(self, columns: Columns, draws: dict[int, dict[str, dict]] | None = None):
-        from course.instructor.fresh_draws import draw_rows
-
         self.draws = draws or {}
         self.seeds = sorted(self.draws)
         self.fresh = draw_rows(self.draws)
@@ -174,8 +161,6 @@ class _Page:
     def fresh_cell(self, k: tuple) -> str:
         """What the fresh draws say of row ``k``: whether its verdict held on every draw (an illustration: its
         value on each draw)."""
-        from course.instructor.fresh_draws import agreement
-
         found = self.fresh.get((k[0], k[1], k[3]), {})
         if not any(stem[:2] == k[0] for records in self.draws.values() for stem in records):
             return "notebook not drawn"
@@ -292,58 +277,12 @@ def _rules_and_quoted(page: _Page) -> list[str]:
     return out
 
 
-def _fresh_summary(page: _Page) -> list[str]:
-    """The fresh draws in a few lines: what they are, how many verdicts held on every draw, and the claims the
-    notebooks assert, draw by draw."""
-    from course.instructor.fresh_draws import agreement, draw_claims
-
-    out = ["## Fresh draws", ""]
-    if not page.seeds:
-        return out + ["No fresh draw is on record: `python -m course reproduce --fresh SEED` runs one.", ""]
-    judged = [k for k in page.order if k[1] != ILLUSTRATION and k in page.by[page.own]]
-    status = {k: page.fresh_cell(k) for k in judged}
-    held = sum(v.startswith("held") for v in status.values())
-    same = sum(v.startswith("the same") for v in status.values())
-    explore = sum(v.startswith("**exploratory") for v in status.values())
-    out += [f"Every row and every asserted claim of notebooks 02-09 was run again on fresh draws "
-            f"{', '.join(map(str, page.seeds))} (`python -m course reproduce --fresh SEED`, FAST, the same rules and "
-            "thresholds): passages drawn from the seed in the confirmation text, away from the openings and from the "
-            "passages the same call reads on the confirmation split (a passage another call reads can still overlap "
-            "one: [conventions.md](conventions.md#results-reproductions-illustrations-findings)), needles, passkeys "
-            "and notebook 06's models from the seed's own stream. The column *fresh "
-            "draws* of every table says whether a verdict held on every draw; a row whose verdict differs on a draw "
-            "is **exploratory**: it holds on the data it was chosen on, not beyond it. The draws run FAST, so they "
-            "judge the FAST column's verdicts; a full-size verdict is not re-run by them. Every value of every draw: "
-            "[fresh-draws.md](fresh-draws.md).", "",
-            f"Of {len(judged)} rows with a verdict in the {page.own} column: {held} held on every draw, {same} kept "
-            f"the same (negative or inconclusive) verdict, exploratory: {explore}, missing from a draw: "
-            f"{len(judged) - held - same - explore}.", ""]
-    claims = draw_claims(page.draws)
-    if claims:
-        lost = sum(any(not c["held"] for c in by_seed.values()) or len(by_seed) < len(page.seeds)
-                   for by_seed in claims.values())
-        out += [f"The claims the notebooks assert (each held on the notebooks' own data, or the notebook would have "
-                f"stopped): {len(claims) - lost} of {len(claims)} held on every draw; {lost} failed on a draw or are "
-                "missing from one, and are exploratory:", "",
-                "| notebook | claim | " + " | ".join(f"draw {s}" for s in page.seeds) + " | fresh draws |",
-                "|" + "---|" * (len(page.seeds) + 3)]
-        for (nb, statement), by_seed in claims.items():
-            cells = [(("held" if by_seed[s]["held"] else "**did not hold**")
-                      + ("" if by_seed[s].get("figure") is None else f" ({by_seed[s]['figure']:.3g})"))
-                     if s in by_seed else "no such claim" for s in page.seeds]
-            verdict = agreement("holds", {s: "holds" if c["held"] else "does not hold" for s, c in by_seed.items()},
-                                page.seeds)
-            out.append("| " + " | ".join(_cell(c) for c in [nb, statement, *cells, verdict]) + " |")
-        out.append("")
-    return out
-
-
 def render(columns: Columns, draws: dict[int, dict[str, dict]] | None = None) -> str:
     """The page from ``{column name: (rows, runs, not_run)}`` (``read_rows`` and ``read_not_run`` of each folder)
     and the fresh draws (``course.instructor.fresh_draws.read_draws``), if any."""
     page = _Page(columns, draws)
     names, first = page.names, page.first
-    out = INTRO + _columns_read(page) + _tallies(page) + _fresh_summary(page) + ["## Reproductions (counted)", ""]
+    out = INTRO + _columns_read(page) + _tallies(page) + summary(page) + ["## Reproductions (counted)", ""]
     out += page.table(REPRODUCTION, ["notebook", "paper, table or figure", "quantity and setting", "paper"]
                       + [h for name in names for h in (f"{name}: course", f"{name}: verdict")],
                       lambda k: [k[0], first[k]["source"], first[k]["quantity"], first[k]["paper"]] + page.cells(k))
@@ -361,40 +300,10 @@ def render(columns: Columns, draws: dict[int, dict[str, dict]] | None = None) ->
     return "\n".join(out + _rules_and_quoted(page)) + "\n"
 
 
-def render_draws(page: _Page) -> str:
-    """The fresh-draws page: every row's value and verdict on the notebooks' own data and on every draw."""
-    lines = ["# Fresh draws", "",
-             "Every row of notebooks 02-09 on the notebooks' own data (the FAST column of "
-             "[reproductions.md](reproductions.md)) and on every fresh draw (`python -m course reproduce --fresh SEED`,"
-             " FAST, claims recorded instead of asserted; the rules and thresholds are the notebooks'). What the draws "
-             "say of each verdict, and the asserted claims draw by draw: [reproductions.md](reproductions.md#fresh-"
-             "draws).", ""]
-    for seed in page.seeds:
-        runs = "; ".join(f"`{stem}` {r['seconds']} s" for stem, r in page.draws[seed].items())
-        first = next(iter(page.draws[seed].values()))
-        lines += [f"**draw {seed}** ({first['date']}, commit {first['commit']}, split `{first['split']}`): {runs}.", ""]
-    head = ["notebook", "kind", "quantity", f"{page.own}: own data"] + [f"draw {s}" for s in page.seeds]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    drawn = {stem[:2] for records in page.draws.values() for stem in records}
-    keys = [k for k in dict.fromkeys([(k[0], k[1], k[3]) for k in page.order] + sorted(page.fresh)) if k[0] in drawn]
-    own = {(k[0], k[1], k[3]): r for k, r in page.by[page.own].items()}
-
-    def cell(r: dict | None) -> str:
-        if r is None:
-            return "*no such row*"
-        return _value(r) + ("" if r["kind"] == ILLUSTRATION else f" — {r['verdict']}")
-
-    for k in keys:
-        lines.append("| " + " | ".join(_cell(c) for c in [k[0], k[1], k[2], cell(own.get(k))]
-                                       + [cell(page.fresh.get(k, {}).get(s)) for s in page.seeds]) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def write_reproductions(executed, out: Path | str, draws_dir: Path | str | None = None) -> dict:
     """Read the rows from ``executed`` (one folder, or a list of folders: one column each) and the fresh draws under
     ``draws_dir`` (``course.instructor.fresh_draws``; None: none), and write the page to ``out`` (and, with draws,
     ``fresh-draws.md`` beside it). Returns ``{"out", "rows", "columns": {name: {verdict: count}}}``."""
-    from course.instructor.fresh_draws import read_draws
 
     folders = [executed] if isinstance(executed, (str, Path)) else list(executed)
     columns = {}
