@@ -18,8 +18,8 @@ from pathlib import Path
 
 from course.instructor.reproductions import stored_outputs
 
-__all__ = ["read_provenance", "confirmation_problems", "split_record", "explore_notebook", "check_notebooks", "explore",
-           "figure_text", "entries", "anchor_pattern", "ledger_cell", "EXPLORATION_DIR"]
+__all__ = ["read_provenance", "in_confirmation_text", "confirmation_problems", "split_record", "explore_notebook",
+           "check_notebooks", "explore", "figure_text", "entries", "anchor_pattern", "ledger_cell", "EXPLORATION_DIR"]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPLORATION_DIR = ROOT / "docs" / "exploration"
@@ -33,12 +33,22 @@ def read_provenance(executed: Path | str) -> dict | None:
     return found[-1] if found else None
 
 
+def in_confirmation_text(drawn: dict) -> bool:
+    """Whether a text draw (``course.splits.DRAWN``: "source", "start", "end") lies inside its novel's confirmation
+    characters (``course.splits.split_range``), whatever its label says."""
+    from course.data import load_text
+    from course.splits import split_range
+
+    source, _, book = drawn["source"].partition("/")
+    end = split_range(len(load_text(source, book)), "confirmation")[1]
+    return 0 <= drawn["start"] < drawn["end"] <= end
+
+
 def confirmation_problems(executed: Path | str) -> list[str]:
     """Why an executed notebook is not an asserted run on confirmation data: it stored no provenance, ran on
     the exploration split, recorded its claims instead of asserting them, or drew a seed or characters outside
     the confirmation split (the ranges are checked against ``course.splits.split_range``, not just the labels)."""
-    from course.data import load_text
-    from course.splits import SEED_BLOCK, split_range
+    from course.splits import SEED_BLOCK
 
     name = Path(executed).name
     stored = read_provenance(executed)
@@ -52,9 +62,7 @@ def confirmation_problems(executed: Path | str) -> list[str]:
         if d["what"] == "seed":
             bad = d["split"] != "confirmation" or not 0 <= d["drawn"] < SEED_BLOCK
         else:
-            source, _, book = d["source"].partition("/")
-            end = split_range(len(load_text(source, book)), "confirmation")[1]
-            bad = d["split"] != "confirmation" or not 0 <= d["start"] < d["end"] <= end
+            bad = d["split"] != "confirmation" or not in_confirmation_text(d)
         if bad:
             problems.append(f"{name}: drew exploration data: {d}")
     return problems

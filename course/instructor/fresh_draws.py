@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from course.instructor.exploration import check_notebooks, split_record
+from course.instructor.exploration import check_notebooks, in_confirmation_text, split_record
 from course.instructor.fresh_tables import FRESH_DIR
 
 __all__ = ["FRESH_DIR", "NOTEBOOKS", "fresh_problems", "draw_notebook", "fresh_draw_run"]
@@ -31,8 +31,7 @@ def fresh_problems(stored: dict, seed: int) -> list[str]:
     """Why an executed notebook's stored draws are not fresh draw ``seed``'s alone: a draw of another split, a seed
     outside the draw's stream, or characters outside the confirmation share of a novel. (That no passage is one
     the notebooks read on the confirmation split is ``course.passages.sample_passages``'s to keep.)"""
-    from course.data import load_text
-    from course.splits import FRESH_BASE, SEED_BLOCK, fresh_split, split_range
+    from course.splits import FRESH_BASE, SEED_BLOCK, fresh_split
 
     split = fresh_split(seed)
     problems = [] if stored.get("split") == split else [f"ran on the {stored.get('split')} split, not {split}"]
@@ -44,11 +43,8 @@ def fresh_problems(stored: dict, seed: int) -> list[str]:
             problems.append(f"drew {d['split']} data: {d}")
         elif d["what"] == "seed" and not low <= d["drawn"] < low + SEED_BLOCK:
             problems.append(f"a seed outside fresh draw {seed}'s stream: {d}")
-        elif d["what"] == "text":
-            source, _, book = d["source"].partition("/")
-            end = split_range(len(load_text(source, book)), "confirmation")[1]
-            if not 0 <= d["start"] < d["end"] <= end:
-                problems.append(f"characters outside the confirmation share: {d}")
+        elif d["what"] == "text" and not in_confirmation_text(d):
+            problems.append(f"characters outside the confirmation share: {d}")
     return problems
 
 
@@ -72,7 +68,6 @@ def fresh_draw_run(seed: int, notebooks: list[Path], executed_dir: Path, out_dir
     records = []
     bar = progress_bar(notebooks, desc=f"fresh draw {seed}", unit="notebook", enabled=progress)
     for path in bar:
-        if hasattr(bar, "set_postfix_str"):
-            bar.set_postfix_str(Path(path).stem)
+        bar.set_postfix_str(Path(path).stem)
         records.append(draw_notebook(Path(path), seed, Path(executed_dir), Path(out_dir), timeout))
     return records
