@@ -115,3 +115,15 @@ def grading_key(tmp_path_factory) -> Path:
     notebooks = Path(__file__).resolve().parents[1] / "notebooks"
     release(notebooks, folder / "student", hidden_answers=True, key_path=folder / "key.json", seed=0, variants=False)
     return folder / "key.json"
+
+
+@pytest.fixture
+def short_tmpdir() -> Path:
+    """An empty folder under /tmp with a short path, for a grader's TMPDIR: its kernels' folders (and sockets) are
+    made inside it, where a test can find what they left (under a long TMPDIR the grader moves them to /tmp)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir="/tmp", prefix="t-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -163,12 +163,11 @@ def test_bad_jobs_and_shards_are_one_clear_line(tmp_path, capsys, flag, value, a
     assert err.count("\n") == 1 and f"got {value!r}" in err
 
 
-def test_sigint_with_two_kernels_running_leaves_nothing(tmp_path, grading_key):
+def test_sigint_with_two_kernels_running_leaves_nothing(tmp_path, grading_key, short_tmpdir):
     tiny(tmp_path / "class" / "a_quick" / "01_kv_cache.ipynb", GOOD, CHECK)
     for name in ("b_slow", "c_slow"):  # each sleeps (its kernel, in its sandbox, cannot write out to say so)
         tiny(tmp_path / "class" / name / "01_kv_cache.ipynb", "import time\ntime.sleep(600)", GOOD, CHECK)
-    out, scratch, mark = tmp_path / "book", tmp_path / "tmp", uuid.uuid4().hex
-    scratch.mkdir()
+    out, scratch, mark = tmp_path / "book", short_tmpdir, uuid.uuid4().hex
     env = {**os.environ, "TMPDIR": str(scratch), "COURSE_TEST_MARK": mark, "PYTHONPATH": str(ROOT)}
     grader = subprocess.Popen([sys.executable, "-m", "course", "grade", str(tmp_path / "class"), "--out", str(out),
                                "--jobs", "2", "--timeout", "600", "--key", str(grading_key)], env=env, cwd=ROOT,
@@ -182,7 +181,9 @@ def test_sigint_with_two_kernels_running_leaves_nothing(tmp_path, grading_key):
                 and b"bwrap" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
     while not (out / "gradebook.json").exists() or len(kernels()) < 2:  # the quick one graded, both slow ones run
-        assert grader.poll() is None and time.monotonic() < deadline, grader.communicate()
+        if grader.poll() is not None or time.monotonic() > deadline:
+            grader.kill()
+            pytest.fail(f"the grader ended, or its two slow kernels were not found: {grader.communicate()}")
         time.sleep(0.2)
     time.sleep(5)  # their cells are running: the import, then the sleep
     grader.send_signal(signal.SIGINT)

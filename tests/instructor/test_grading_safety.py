@@ -129,11 +129,10 @@ def test_second_run_keeps_unchanged_submissions(tmp_path, capsys, grading_key):
     assert kv == {"alice": "not_done", "bob": "wrong"}
 
 
-def test_sigterm_leaves_a_valid_partial_gradebook_and_nothing_else(tmp_path, grading_key):
+def test_sigterm_leaves_a_valid_partial_gradebook_and_nothing_else(tmp_path, grading_key, short_tmpdir):
     _tiny(tmp_path / "class" / "alice" / "01_kv_cache.ipynb", GOOD, CHECK)
     _tiny(tmp_path / "class" / "bob" / "01_kv_cache.ipynb", "import time\ntime.sleep(600)", GOOD, CHECK)
-    out, scratch, mark = tmp_path / "book", tmp_path / "tmp", uuid.uuid4().hex
-    scratch.mkdir()
+    out, scratch, mark = tmp_path / "book", short_tmpdir, uuid.uuid4().hex
     env = {**os.environ, "TMPDIR": str(scratch), "COURSE_TEST_MARK": mark, "PYTHONPATH": str(ROOT)}
     grader = subprocess.Popen([sys.executable, "-m", "course", "grade", str(tmp_path / "class"), "--out", str(out),
                                "--key", str(grading_key),
@@ -141,7 +140,9 @@ def test_sigterm_leaves_a_valid_partial_gradebook_and_nothing_else(tmp_path, gra
                               text=True)
     deadline = time.monotonic() + 120
     while not (out / "gradebook.json").exists():  # written once alice is graded
-        assert grader.poll() is None and time.monotonic() < deadline, grader.communicate()
+        if grader.poll() is not None or time.monotonic() > deadline:
+            grader.kill()
+            pytest.fail(f"the grader ended before alice's row, or took too long: {grader.communicate()}")
         time.sleep(0.2)
     time.sleep(3)  # bob's kernel is sleeping now
     grader.send_signal(signal.SIGTERM)

@@ -94,3 +94,40 @@ def test_without_the_sandbox_every_row_says_so_and_the_environment_is_still_an_a
     assert {r["isolation"] for r in rows} == {"none (--no-sandbox)"}
     assert {r["cells_failed"] for r in rows} == {""}, rows[0]["cells_failed"]
     assert [r["status"] for r in rows if r["exercise"] == "01.kv_cache_bytes"] == ["pass"]
+
+
+def test_socket_folder_leaves_room_for_the_sockets_under_a_long_tmpdir(tmp_path, monkeypatch):
+    """An instructor's TMPDIR may be long (a CI runner's, a build folder's): the grader's sockets still bind."""
+    import socket
+    import tempfile
+
+    from course.instructor.grading.remote import SOCKET_PATH_MAX, socket_folder
+
+    short = Path(tempfile.mkdtemp(dir="/tmp", prefix="s"))
+    try:
+        for base, expected in ((short, short), (tmp_path / ("t" * 60), Path("/tmp"))):
+            base.mkdir(exist_ok=True)
+            monkeypatch.setattr(tempfile, "tempdir", str(base))
+            with socket_folder("course-grade-") as folder:
+                path = Path(folder) / "control" / "grader.sock"
+                assert Path(folder).parent == expected and len(str(path)) <= SOCKET_PATH_MAX
+                path.parent.mkdir()
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+                    listener.bind(str(path))
+            assert not Path(folder).exists()
+    finally:
+        short.rmdir()
+
+
+@pytest.mark.slow
+def test_a_long_tmpdir_grades_as_a_short_one(tmp_path, grading_key):
+    scratch = tmp_path / ("t" * 80)
+    scratch.mkdir()
+    submission = tiny(tmp_path / "class" / "ada" / "01_kv_cache.ipynb", "AUTOFILL = False", GOOD, CHECK)
+    done = subprocess.run([sys.executable, "-m", "course", "grade", str(submission.parent.parent), "--key",
+                           str(grading_key), "--out", str(tmp_path / "out"), "--no-similarity", "--jobs", "1"],
+                          env={**os.environ, "TMPDIR": str(scratch)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "out" / "gradebook.json").read_text())
+    assert [(r["status"], r["cells_failed"]) for r in rows if r["exercise"] == "01.kv_cache_bytes"] == [("pass", "")]
+    assert list(scratch.iterdir()) == []  # nothing left behind in the instructor's TMPDIR

@@ -34,7 +34,6 @@ attributed (see ``course.instructor.grading.submissions``) gets a single row wit
 from __future__ import annotations
 
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -50,7 +49,7 @@ from course.instructor.grading.gradebook import Gradebook, file_digest, in_order
 from course.instructor.grading.isolation import NO_SANDBOX, SANDBOXED, Isolation, kernel_env, walls
 from course.instructor.grading.key import GradingKey, measures, read_key
 from course.instructor.grading.pool import GradingPool
-from course.instructor.grading.remote import CheckResult, CheckServer
+from course.instructor.grading.remote import CheckResult, CheckServer, socket_folder
 from course.instructor.grading.sandbox import Limits
 from course.instructor.grading.scan import grader_internals
 from course.instructor.grading.shards import Shard, write_record
@@ -107,7 +106,7 @@ def thread_env(threads: int | None) -> dict[str, str]:
 def _run_and_check(nb: nbformat.NotebookNode, exercises: list[Exercise], timeout: int, total_timeout: int,
                    limits: Limits, threads: int | None, key: GradingKey,
                    isolation: Isolation | None) -> tuple[Run, dict[str, CheckResult]]:
-    with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:  # random name, mode 700
+    with socket_folder("course-grade-") as tmp:
         work, control = Path(tmp) / "work", Path(tmp) / "control"
         work.mkdir(mode=0o700)
         control.mkdir(mode=0o700)

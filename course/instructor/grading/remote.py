@@ -15,7 +15,9 @@ from __future__ import annotations
 import hmac
 import inspect
 import secrets
+import os
 import socket
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +32,25 @@ from course.exercises.core import Exercise, StudentRaised, outcome, shortcut_fee
 
 Measure = Callable[[Callable], "str | None"]
 
-__all__ = ["CheckServer", "CheckResult", "StudentFunction", "WorkerLost"]
+__all__ = ["CheckServer", "CheckResult", "StudentFunction", "WorkerLost", "socket_folder"]
 
 HELLO_TIMEOUT = 10.0  # seconds a connection may take to name its exercise
+SOCKET_PATH_MAX = 103  # bytes of a Unix socket's path: 107 on Linux, 103 on macOS (the C string's NUL not counted)
+SOCKET_NAME_ROOM = 32  # the longest path the grader and a kernel put inside the folder ("control/grader.sock", ...)
+
+
+def socket_folder(prefix: str) -> tempfile.TemporaryDirectory:
+    """A private temporary folder (random name, mode 700) short enough to hold the Unix sockets of a graded run.
+
+    Under ``TMPDIR`` when its path leaves room (``SOCKET_PATH_MAX``), else under ``/tmp``: a long ``TMPDIR``
+    would otherwise make every submission's kernel fail with "AF_UNIX path too long"."""
+    suffix = len(os.sep + prefix) + 8 + len(os.sep) + SOCKET_NAME_ROOM  # mkdtemp adds 8 random characters
+    for base in (tempfile.gettempdir(), "/tmp"):
+        if len(os.fsencode(base)) + suffix <= SOCKET_PATH_MAX and os.access(base, os.W_OK | os.X_OK):
+            return tempfile.TemporaryDirectory(prefix=prefix, dir=base)
+    raise RuntimeError(f"TMPDIR={tempfile.gettempdir()!r} is too long for the grader's sockets (at most "
+                       f"{SOCKET_PATH_MAX - suffix} characters) and /tmp is not writable: set TMPDIR to a shorter "
+                       "folder")
 
 
 class WorkerLost(BaseException):
