@@ -24,7 +24,8 @@ class Command:
         p.set_defaults(run=self.run)
 
 
-def _int(text: str, low: int, high: int | None = None) -> int:
+def bounded_int(text: str, low: int, high: int | None = None) -> int:
+    """argparse type: an integer from ``low`` to ``high`` (no upper bound when None); the error names the range."""
     allowed = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
     try:
         value = int(text)
@@ -47,17 +48,17 @@ def model_name(text: str) -> str:
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    return _int(text, 1)
+    return bounded_int(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    return _int(text, 0)
+    return bounded_int(text, 0)
 
 
 def seed_int(text: str) -> int:
     """argparse type: a seed, 0 .. 2**32 - 1."""
-    return _int(text, 0, SEED_MAX)
+    return bounded_int(text, 0, SEED_MAX)
 
 
 def unit_float(text: str) -> float:
@@ -128,7 +129,7 @@ def jobs_count(text: str) -> int:
 
     cores = cpu_cores()
     try:
-        return _int(text, 1, cores)
+        return bounded_int(text, 1, cores)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"must be an integer from 1 to {cores} (the cores available here), "
                                          f"got {text!r}") from None

@@ -58,10 +58,10 @@ def _explore(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------- fresh draws
 def _fresh_seed(text: str) -> int:
-    from course.cli.args import _int
+    from course.cli.args import bounded_int
     from course.splits import SEED_BLOCK
 
-    return _int(text, 0, SEED_BLOCK - 1)
+    return bounded_int(text, 0, SEED_BLOCK - 1)
 
 
 def _reproduce_args(p: argparse.ArgumentParser) -> None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from course.claims import FINDING, ILLUSTRATION
 
-__all__ = ["FRESH_DIR", "read_draws", "row_key", "draw_rows", "draw_claims", "agreement", "summary", "render_draws",
-           "cell_text", "value_text"]
+__all__ = ["FRESH_DIR", "Agreement", "read_draws", "row_key", "draw_rows", "draw_claims", "agreement", "summary",
+           "render_draws", "cell_text", "value_text"]
 
 FRESH_DIR = Path(__file__).resolve().parents[2] / "docs" / "fresh"
 
@@ -75,17 +76,28 @@ def draw_claims(draws: dict[int, dict[str, dict]]) -> dict[tuple[str, str], dict
     return out
 
 
-def agreement(own: str | None, fresh: dict[int, str | None], seeds: list[int]) -> str:
+class Agreement(NamedTuple):
+    """What the fresh draws say of one row: ``kind`` (HELD, SAME, EXPLORATORY, MISSING, or OTHER where the row
+    is not judged by them) and the table's ``text``."""
+    kind: str
+    text: str
+
+
+HELD, SAME, EXPLORATORY, MISSING, OTHER = "held", "same", "exploratory", "missing", "other"
+
+
+def agreement(own: str | None, fresh: dict[int, str | None], seeds: list[int]) -> Agreement:
     """What the draws say of a verdict: ``own`` is the notebooks' verdict class on their own data (None: an
     illustration), ``fresh`` each draw's (None: the draw has no such row)."""
     missing = [s for s in seeds if fresh.get(s) is None]
     if missing:
-        return f"not in draw {', '.join(map(str, missing))}"
+        return Agreement(MISSING, f"not in draw {', '.join(map(str, missing))}")
     differ = [s for s in seeds if fresh[s] != own]
     if not differ:
-        return ("held on every fresh draw" if own in ("reproduced", "partly", "holds")
-                else f"the same verdict ({own}) on every fresh draw")
-    return "**exploratory**: " + "; ".join(f"draw {s}: {fresh[s]}" for s in differ)
+        if own in ("reproduced", "partly", "holds"):
+            return Agreement(HELD, "held on every fresh draw")
+        return Agreement(SAME, f"the same verdict ({own}) on every fresh draw")
+    return Agreement(EXPLORATORY, "**exploratory**: " + "; ".join(f"draw {s}: {fresh[s]}" for s in differ))
 
 
 def summary(page) -> list[str]:
@@ -95,10 +107,8 @@ def summary(page) -> list[str]:
     if not page.seeds:
         return out + ["No fresh draw is on record: `python -m course reproduce --fresh SEED` runs one.", ""]
     judged = [k for k in page.order if k[1] != ILLUSTRATION and k in page.by[page.own]]
-    status = {k: page.fresh_cell(k) for k in judged}
-    held = sum(v.startswith("held") for v in status.values())
-    same = sum(v.startswith("the same") for v in status.values())
-    explore = sum(v.startswith("**exploratory") for v in status.values())
+    kinds = [page.fresh_cell(k).kind for k in judged]
+    held, same, explore = kinds.count(HELD), kinds.count(SAME), kinds.count(EXPLORATORY)
     out += [f"Every row and every asserted claim of notebooks 02-09 was run again on fresh draws "
             f"{', '.join(map(str, page.seeds))} (`python -m course reproduce --fresh SEED`, FAST, the same rules and "
             "thresholds): passages drawn from the seed in the confirmation text, away from the openings and from the "
@@ -111,7 +121,7 @@ def summary(page) -> list[str]:
             "[fresh-draws.md](fresh-draws.md).", "",
             f"Of {len(judged)} rows with a verdict in the {page.own} column: {held} held on every draw, {same} kept "
             f"the same (negative or inconclusive) verdict, exploratory: {explore}, missing from a draw: "
-            f"{len(judged) - held - same - explore}.", ""]
+            f"{kinds.count(MISSING)}.", ""]
     claims = draw_claims(page.draws)
     if claims:
         lost = sum(any(not c["held"] for c in by_seed.values()) or len(by_seed) < len(page.seeds)
@@ -126,7 +136,7 @@ def summary(page) -> list[str]:
                       + ("" if by_seed[s].get("figure") is None else f" ({by_seed[s]['figure']:.3g})"))
                      if s in by_seed else "no such claim" for s in page.seeds]
             verdict = agreement("holds", {s: "holds" if c["held"] else "does not hold" for s, c in by_seed.items()},
-                                page.seeds)
+                                page.seeds).text
             out.append("| " + " | ".join(cell_text(c) for c in [nb, statement, *cells, verdict]) + " |")
         out.append("")
     return out

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from course.claims import (DOES_NOT_HOLD, FINDING, HOLDS, ILLUSTRATION, INCONCLUSIVE, REPRODUCTION, REPRODUCTION_MIME,
                            VERDICTS, verdict_class)
-from course.instructor.fresh_tables import agreement, draw_rows, read_draws, render_draws, summary
+from course.instructor.fresh_tables import OTHER, Agreement, agreement, draw_rows, read_draws, render_draws, summary
 from course.instructor.fresh_tables import cell_text as _cell
 from course.instructor.fresh_tables import value_text as _value
 
@@ -158,17 +158,18 @@ class _Page:
         """The column the fresh draws are set beside: FAST (the draws run FAST), else the first."""
         return "FAST" if "FAST" in self.by else self.names[0]
 
-    def fresh_cell(self, k: tuple) -> str:
+    def fresh_cell(self, k: tuple) -> Agreement:
         """What the fresh draws say of row ``k``: whether its verdict held on every draw (an illustration: its
         value on each draw)."""
         found = self.fresh.get((k[0], k[1], k[3]), {})
         if not any(stem[:2] == k[0] for records in self.draws.values() for stem in records):
-            return "notebook not drawn"
+            return Agreement(OTHER, "notebook not drawn")
         if k[1] == ILLUSTRATION:
-            return "; ".join(f"draw {s}: " + (_value(found[s]) if s in found else "no such row") for s in self.seeds)
+            return Agreement(OTHER, "; ".join(f"draw {s}: " + (_value(found[s]) if s in found else "no such row")
+                                              for s in self.seeds))
         mine = self.by[self.own].get(k)
         if mine is None:
-            return f"no {self.own} row to compare"
+            return Agreement(OTHER, f"no {self.own} row to compare")
         return agreement(verdict_class(mine["verdict"]), {s: verdict_class(r["verdict"]) for s, r in found.items()},
                          self.seeds)
 
@@ -181,7 +182,7 @@ class _Page:
             return ["(none)", ""]
         head = head + self.fresh_head()
         return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-                + ["| " + " | ".join(_cell(c) for c in cells(k) + ([self.fresh_cell(k)] if self.seeds else []))
+                + ["| " + " | ".join(_cell(c) for c in cells(k) + ([self.fresh_cell(k).text] if self.seeds else []))
                    + " |" for k in keys] + [""])
 
 

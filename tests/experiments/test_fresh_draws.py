@@ -146,3 +146,16 @@ def test_the_story_passage_is_the_opening_except_in_a_fresh_draw(smollm2):
     assert first_passage(tok, "pride_and_prejudice", 128, split="exploration").offset > len(text)
     with pytest.raises(ValueError, match="book must be one of .*got 'ulysses'"):
         first_passage(tok, "ulysses", 128)
+
+
+def test_what_the_draws_say_of_a_verdict_is_data_not_wording():
+    from course.instructor.fresh_tables import EXPLORATORY, HELD, MISSING, SAME, agreement
+
+    cases = [("reproduced", {1: "reproduced", 2: "reproduced"}, HELD, "held on every fresh draw"),
+             ("inconclusive", {1: "inconclusive", 2: "inconclusive"}, SAME, "the same verdict (inconclusive)"),
+             ("reproduced", {1: "reproduced", 2: "inconclusive"}, EXPLORATORY, "draw 2: inconclusive"),
+             ("holds", {1: "holds", 2: None}, MISSING, "not in draw 2"),
+             ("holds", {1: "holds"}, MISSING, "not in draw 2")]
+    for own, fresh, kind, words in cases:
+        said = agreement(own, fresh, [1, 2])
+        assert said.kind == kind and words in said.text, (own, fresh, said)
