@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -118,7 +119,7 @@ def grading_key(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def short_tmpdir() -> Path:
+def short_tmpdir() -> Iterator[Path]:
     """An empty folder under /tmp with a short path, for a grader's TMPDIR: its kernels' folders (and sockets) are
     made inside it, where a test can find what they left (under a long TMPDIR the grader moves them to /tmp)."""
     import shutil

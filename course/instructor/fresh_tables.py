@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from course.claims import FINDING, ILLUSTRATION
+from course.claims import FINDING, HOLDS, ILLUSTRATION, PARTLY, REPRODUCED
 
 __all__ = ["FRESH_DIR", "Agreement", "read_draws", "row_key", "draw_rows", "draw_claims", "agreement", "summary",
            "render_draws", "cell_text", "value_text"]
@@ -94,7 +94,7 @@ def agreement(own: str | None, fresh: dict[int, str | None], seeds: list[int]) -
         return Agreement(MISSING, f"not in draw {', '.join(map(str, missing))}")
     differ = [s for s in seeds if fresh[s] != own]
     if not differ:
-        if own in ("reproduced", "partly", "holds"):
+        if own in (REPRODUCED, PARTLY, HOLDS):
             return Agreement(HELD, "held on every fresh draw")
         return Agreement(SAME, f"the same verdict ({own}) on every fresh draw")
     return Agreement(EXPLORATORY, "**exploratory**: " + "; ".join(f"draw {s}: {fresh[s]}" for s in differ))

@@ -305,7 +305,6 @@ def write_reproductions(executed, out: Path | str, draws_dir: Path | str | None 
     """Read the rows from ``executed`` (one folder, or a list of folders: one column each) and the fresh draws under
     ``draws_dir`` (``course.instructor.fresh_draws``; None: none), and write the page to ``out`` (and, with draws,
     ``fresh-draws.md`` beside it). Returns ``{"out", "rows", "columns": {name: {verdict: count}}}``."""
-
     folders = [executed] if isinstance(executed, (str, Path)) else list(executed)
     columns = {}
     for folder in folders:

@@ -3,9 +3,13 @@ check one exercise (fast to run); and the processes a test run left behind."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from subprocess import Popen
 
 import nbformat
+import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -70,3 +74,14 @@ def marked_processes(mark: str, where: tuple[str, ...] = ("environ",)) -> list[i
             except OSError:
                 continue
     return found
+
+
+def wait_for(grader: Popen, ready: Callable[[], bool], seconds: float, what: str) -> None:
+    """Poll until ``ready()``; fail the test, killing ``grader`` and showing its output, if it ends first or
+    ``seconds`` pass (``what``: what was awaited)."""
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if grader.poll() is not None or time.monotonic() > deadline:
+            grader.kill()
+            pytest.fail(f"the grader ended, or {seconds:g} s passed, before {what}: {grader.communicate()}")
+        time.sleep(0.2)

@@ -18,7 +18,7 @@ import pytest
 from course.__main__ import main
 from course.instructor.grading.shards import RECORD, Shard, shard_index
 from course.instructor.grading.submissions import find_submissions
-from tests.instructor.grading_helpers import CHECK, GOOD, marked_processes, tiny
+from tests.instructor.grading_helpers import CHECK, GOOD, marked_processes, tiny, wait_for
 
 pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
 
@@ -173,18 +173,14 @@ def test_sigint_with_two_kernels_running_leaves_nothing(tmp_path, grading_key, s
                                "--jobs", "2", "--timeout", "600", "--key", str(grading_key)], env=env, cwd=ROOT,
                               stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
 
     def kernels() -> list[int]:  # found by their command lines, which name their folder in ``scratch``
         return [pid for pid in marked_processes(str(scratch), ("cmdline",))
                 if b"ipykernel_launcher" in Path(f"/proc/{pid}/cmdline").read_bytes()
                 and b"bwrap" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
-    while not (out / "gradebook.json").exists() or len(kernels()) < 2:  # the quick one graded, both slow ones run
-        if grader.poll() is not None or time.monotonic() > deadline:
-            grader.kill()
-            pytest.fail(f"the grader ended, or its two slow kernels were not found: {grader.communicate()}")
-        time.sleep(0.2)
+    wait_for(grader, lambda: (out / "gradebook.json").exists() and len(kernels()) >= 2, 180,
+             "the quick one was graded and both slow kernels ran")
     time.sleep(5)  # their cells are running: the import, then the sleep
     grader.send_signal(signal.SIGINT)
     stdout, stderr = grader.communicate(timeout=120)

@@ -24,7 +24,7 @@ from course.instructor.grading.gradebook import Gradebook, csv_cell
 from course.instructor.release import BANNER_ID, ReleaseError, release
 from course.instructor.grading.remote import _Handles
 from course.instructor.grading.submissions import UNKNOWN_STUDENT, find_submissions
-from tests.instructor.grading_helpers import CHECK, GOOD, marked_processes as _marked_processes, tiny as _tiny
+from tests.instructor.grading_helpers import CHECK, GOOD, marked_processes as _marked_processes, tiny as _tiny, wait_for
 
 pytestmark = pytest.mark.slow  # kernels, notebooks or the real model at length: not in the contributor suite
 
@@ -138,12 +138,7 @@ def test_sigterm_leaves_a_valid_partial_gradebook_and_nothing_else(tmp_path, gra
                                "--key", str(grading_key),
                                "--timeout", "600"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
-    deadline = time.monotonic() + 120
-    while not (out / "gradebook.json").exists():  # written once alice is graded
-        if grader.poll() is not None or time.monotonic() > deadline:
-            grader.kill()
-            pytest.fail(f"the grader ended before alice's row, or took too long: {grader.communicate()}")
-        time.sleep(0.2)
+    wait_for(grader, (out / "gradebook.json").exists, 120, "alice's row was written")
     time.sleep(3)  # bob's kernel is sleeping now
     grader.send_signal(signal.SIGTERM)
     stdout, stderr = grader.communicate(timeout=60)

@@ -96,27 +96,23 @@ def test_without_the_sandbox_every_row_says_so_and_the_environment_is_still_an_a
     assert [r["status"] for r in rows if r["exercise"] == "01.kv_cache_bytes"] == ["pass"]
 
 
-def test_socket_folder_leaves_room_for_the_sockets_under_a_long_tmpdir(tmp_path, monkeypatch):
+def test_socket_folder_leaves_room_for_the_sockets_under_a_long_tmpdir(tmp_path, monkeypatch, short_tmpdir):
     """An instructor's TMPDIR may be long (a CI runner's, a build folder's): the grader's sockets still bind."""
     import socket
     import tempfile
 
     from course.instructor.grading.remote import SOCKET_PATH_MAX, socket_folder
 
-    short = Path(tempfile.mkdtemp(dir="/tmp", prefix="s"))
-    try:
-        for base, expected in ((short, short), (tmp_path / ("t" * 60), Path("/tmp"))):
-            base.mkdir(exist_ok=True)
-            monkeypatch.setattr(tempfile, "tempdir", str(base))
-            with socket_folder("course-grade-") as folder:
-                path = Path(folder) / "control" / "grader.sock"
-                assert Path(folder).parent == expected and len(str(path)) <= SOCKET_PATH_MAX
-                path.parent.mkdir()
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-                    listener.bind(str(path))
-            assert not Path(folder).exists()
-    finally:
-        short.rmdir()
+    for base, expected in ((short_tmpdir, short_tmpdir), (tmp_path / ("t" * 60), Path("/tmp"))):
+        base.mkdir(exist_ok=True)
+        monkeypatch.setattr(tempfile, "tempdir", str(base))
+        with socket_folder("course-grade-") as folder:
+            path = Path(folder) / "control" / "grader.sock"
+            assert Path(folder).parent == expected and len(str(path)) <= SOCKET_PATH_MAX
+            path.parent.mkdir()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+                listener.bind(str(path))
+        assert not Path(folder).exists()
 
 
 @pytest.mark.slow

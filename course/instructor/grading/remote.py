@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hmac
 import inspect
-import secrets
 import os
+import secrets
 import socket
 import tempfile
 import threading
