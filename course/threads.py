@@ -24,7 +24,8 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["THREADS_ENV", "cpu_cores", "busy_cores", "choose_threads", "use_threads", "competing_process",
+__all__ = ["THREADS_ENV", "cpu_cores", "busy_cores", "choose_threads", "share_of_cores", "use_threads",
+           "competing_process",
            "MATMUL_SHAPES", "matmul_seconds", "bench_threads", "threads_table", "threads_report"]
 
 THREADS_ENV = "COURSE_THREADS"
@@ -80,6 +81,14 @@ def choose_threads(cores: int, busy: float, override: str | None = None) -> int:
     if cores < 1:
         raise ValueError(f"cores must be a positive integer, got {cores}")
     return max(1, min(cores, round(cores - max(0.0, busy))))
+
+
+def share_of_cores(processes: int, cores: int | None = None) -> int:
+    """Threads for each of ``processes`` processes running side by side (test workers, kernels): an equal share of
+    ``cores`` (default: this process's), at least 1, so that together they never ask for more threads than cores."""
+    if processes < 1:
+        raise ValueError(f"processes must be a positive integer, got {processes}")
+    return max(1, (cpu_cores() if cores is None else cores) // processes)
 
 
 def use_threads(verbose: bool = True) -> int:

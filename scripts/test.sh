@@ -8,6 +8,10 @@
 # gpt2-tiny-random (GPT-2's architecture at 4 layers and width 128, random weights: the GPT-2 code paths offline in
 # seconds a notebook, its claims recorded, not asserted).
 #
+# Both pytest runs after the class spread their test files over up to 4 workers (pytest-xdist, a file at a time in
+# each, tests/conftest.py giving each worker its share of the cores: on two cores, two workers at one torch thread
+# each, about 1.6 times as fast as one process at two threads, whose threads mostly wait for each other).
+#
 # --quick: the contributor suite instead, every test not marked `slow` (no notebook or grading kernel, no training,
 # no long run of the real model: a few minutes on two cores), after the same set-up and ruff; further arguments
 # go to pytest. docs/testing.md says what each suite holds.
@@ -25,9 +29,12 @@ phase "set-up"
 # shellcheck disable=SC1091
 . .venv/bin/activate
 ruff check .  # pyflakes and pycodestyle, as pyproject.toml's [tool.ruff] sets them
+cores=$(nproc)
+workers=$(( cores < 4 ? cores : 4 ))  # pytest-xdist: one test file per worker at a time, each on its share of the cores
+parallel=(-n "$workers" --dist loadfile)
 if [ -n "$quick" ]; then
   COURSE_FAST=1 COURSE_AUTOFILL=1 COURSE_MODEL="${COURSE_MODEL:-smollm2-135m}" MPLBACKEND=Agg COURSE_PROGRESS=text \
-    exec python -m pytest -p no:cacheprovider -m "not slow" --durations=10 tests "$@"
+    exec python -m pytest -p no:cacheprovider "${parallel[@]}" -m "not slow" --durations=10 tests "$@"
 fi
 bash scripts/check-instructor-install.sh  # an instructor's install from scratch: grade, release, site (about a minute)
 phase "ruff and the instructor's install"
@@ -44,9 +51,9 @@ suite() {  # pytest with the slowest tests named; "no test selected" (exit 5) on
 }
 with_args=$(( $# > 0 ))
 class=tests/instructor/test_class_grading.py
-suite "$class" "$@"
+suite "$class" "$@"  # one process: the grader runs two kernels at once itself
 phase "a class graded (every student copy executed and graded)"
-suite --ignore="$class" tests "$@"
+suite "${parallel[@]}" --ignore="$class" tests "$@"
 phase "the rest of pytest"
 printf '== %s\n' "${phases[@]}"
 exit "$status"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,22 @@ import torch
 from course import assets
 from course.models import build_model, from_transformers
 from course.models.base import ModelConfig
+from course.threads import THREADS_ENV, share_of_cores
+
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist (``-n N``), each worker takes its share of the cores (at least one thread): N workers at
+    every core's worth of torch threads would wait for each other at every operation. The processes a test starts
+    (kernels, command-line runs) inherit the share through ``OMP_NUM_THREADS`` and ``COURSE_THREADS``."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = str(share_of_cores(workers))
+        os.environ["OMP_NUM_THREADS"] = share
+        os.environ.setdefault(THREADS_ENV, share)
+        torch.set_num_threads(int(share))
+
+
+_share_the_cores_between_workers()
 
 
 def tiny_config(family: str, **kw) -> ModelConfig:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from course.threads import (
     choose_threads,
     competing_process,
     cpu_cores,
+    share_of_cores,
     threads_table,
     use_threads,
 )
@@ -30,6 +33,23 @@ def test_the_override_wins_and_bad_values_are_named():
     for bad in ("0", "two", "-1", "1.5"):
         with pytest.raises(ValueError, match=f"COURSE_THREADS must be a positive integer .*got '{bad}'"):
             choose_threads(2, 0.0, bad)
+
+
+@pytest.mark.parametrize(("processes", "cores", "threads"), [(1, 2, 2), (2, 2, 1), (3, 2, 1), (4, 16, 4), (3, 8, 2)])
+def test_side_by_side_processes_share_the_cores(processes, cores, threads):
+    assert share_of_cores(processes, cores) == threads
+    with pytest.raises(ValueError, match="processes must be a positive integer, got 0"):
+        share_of_cores(0, cores)
+
+
+def test_each_test_worker_runs_on_its_share_of_the_cores():
+    """scripts/test.sh runs pytest in workers (pytest-xdist); tests/conftest.py gives each its share."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = share_of_cores(workers)
+    if workers > 1:
+        assert torch.get_num_threads() == share and os.environ["OMP_NUM_THREADS"] == str(share)
+    else:
+        assert "PYTEST_XDIST_WORKER" not in os.environ
 
 
 def test_use_threads_sets_torch(monkeypatch, capsys):
