@@ -154,6 +154,7 @@ def _grade(args: argparse.Namespace) -> dict:
     from course.instructor.grading.grade import grade, stop_on_signals
     from course.instructor.grading.isolation import walls
     from course.instructor.grading.key import read_key
+    from course.instructor.grading.remote import check_socket_room
     from course.instructor.grading.sandbox import Limits
     from course.instructor.grading.shards import check_out_for
     from course.instructor.grading.submissions import find_submissions
@@ -163,6 +164,7 @@ def _grade(args: argparse.Namespace) -> dict:
     jobs = args.jobs or cpu_cores()
     read_key(Path(args.key))  # an unusable key is reported before anything is graded
     isolation = walls(not args.no_sandbox, Path(args.key), args.paths)  # so is a machine without walls for them
+    check_socket_room()  # and a TMPDIR too long for the kernels' sockets
     find_submissions(args.paths, args.layout)  # a missing PATH is reported before --out is created
     check_out_for(Path(args.out), shard)
     book = Gradebook(Path(args.out), regrade=args.regrade)  # checked before anything is graded

@@ -115,6 +115,26 @@ def test_socket_folder_leaves_room_for_the_sockets_under_a_long_tmpdir(tmp_path,
         assert not Path(folder).exists()
 
 
+def test_no_room_for_the_sockets_is_one_line_before_anything_is_graded(tmp_path, monkeypatch, grading_key, capsys):
+    """TMPDIR too long and no short folder to fall back on: `course grade` says so once and writes nothing (it used
+    to grade every submission "error")."""
+    import tempfile
+
+    from course.__main__ import main
+    from course.instructor.grading import remote
+
+    long = tmp_path / ("t" * 90)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    monkeypatch.setattr(remote, "SHORT_TMP", str(long))
+    tiny(tmp_path / "class" / "ada" / "01_kv_cache.ipynb", "AUTOFILL = False", GOOD, CHECK)
+    out = tmp_path / "out"
+    assert main(["grade", str(tmp_path / "class"), "--key", str(grading_key), "--out", str(out), "--no-sandbox"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "TMPDIR=" in err and "too long for the grader's sockets" in err, err
+    assert not out.exists() and list(long.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_a_long_tmpdir_grades_as_a_short_one(tmp_path, grading_key):
     scratch = tmp_path / ("t" * 80)

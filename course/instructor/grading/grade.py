@@ -49,7 +49,8 @@ from course.instructor.grading.gradebook import Gradebook, file_digest, in_order
 from course.instructor.grading.isolation import NO_SANDBOX, SANDBOXED, Isolation, kernel_env, walls
 from course.instructor.grading.key import GradingKey, measures, read_key
 from course.instructor.grading.pool import GradingPool
-from course.instructor.grading.remote import CheckResult, CheckServer, socket_folder
+from course.instructor.grading.remote import (GRADE_PREFIX, CheckResult, CheckServer, check_socket_room,
+                                              socket_folder)
 from course.instructor.grading.sandbox import Limits
 from course.instructor.grading.scan import grader_internals
 from course.instructor.grading.shards import Shard, write_record
@@ -106,7 +107,7 @@ def thread_env(threads: int | None) -> dict[str, str]:
 def _run_and_check(nb: nbformat.NotebookNode, exercises: list[Exercise], timeout: int, total_timeout: int,
                    limits: Limits, threads: int | None, key: GradingKey,
                    isolation: Isolation | None) -> tuple[Run, dict[str, CheckResult]]:
-    with socket_folder("course-grade-") as tmp:
+    with socket_folder(GRADE_PREFIX) as tmp:
         work, control = Path(tmp) / "work", Path(tmp) / "control"
         work.mkdir(mode=0o700)
         control.mkdir(mode=0o700)
@@ -190,31 +191,40 @@ def _grade_rows(sub: Submission, timeout: int, total_timeout: int | None, limits
     return rows
 
 
+def _ready_to_grade(key: Path, sandbox: bool | Isolation,
+                    paths: list[str | Path]) -> tuple[GradingKey, Isolation | None]:
+    """What is checked before anything is graded: the key, the walls, and room for the kernels' sockets."""
+    grading_key = read_key(key)
+    isolation = walls(sandbox, key, paths)
+    check_socket_room()
+    return grading_key, isolation
+
+
 def grade(paths: list[str | Path], timeout: int = 300, total_timeout: int | None = None, layout: str = "folders",
           limits: Limits | None = None, gradebook: Gradebook | None = None,
           progress: Callable[[str], None] | None = None, stop: threading.Event | None = None, jobs: int = 1,
           threads: int | None = None, shard: Shard | None = None, *, key: Path,
           sandbox: bool | Isolation = True, similarity: bool = True) -> list[dict]:
-    """Grade every submission found under ``paths`` (with ``shard``, only that shard's); with ``gradebook``,
-    skip the unchanged submissions it already holds and write it after each submission (and, with ``shard``,
-    the shard's record beside it). Returns the rows in the gradebook's order (the gradebook's, when given).
+    """Grade every submission found under ``paths`` (with ``shard``, only that shard's); with ``gradebook``, skip
+    the unchanged submissions it already holds and write it after each submission (and, with ``shard``, the shard's
+    record beside it). Returns the rows in the gradebook's order (the gradebook's, when given).
 
-    ``jobs``: submissions graded at once (each in its own grading process when more than one), each kernel
-    with ``threads`` torch threads; the rows do not depend on either. ``key``: the grading key file that release
-    wrote (read before anything is graded). ``sandbox``: every kernel inside its own walls
-    (``course.instructor.grading.isolation``, or the ``Isolation`` given); ``IsolationUnavailable`` before
-    anything is graded when they cannot be set up here, or when the key or a submission folder would be inside
-    what the kernels see; False grades without walls (trusted submissions only; every row says so). ``stop``:
-    set by a signal handler; the submission being graded then is not recorded, whatever its interrupted run
-    returned, and ``KeyboardInterrupt`` is raised. ``similarity``: with ``gradebook`` and without ``shard``, write
-    the similarity report of every submission found (graded now or kept) beside the gradebook when grading ends
-    (``course.instructor.grading.similarity``; ``gradebook merge --key`` writes a sharded class's)."""
+    ``jobs``: submissions graded at once (each in its own grading process when more than one), each kernel with
+    ``threads`` torch threads; the rows do not depend on either. ``key``: the grading key file that release wrote (read
+    before anything is graded). ``sandbox``: every kernel inside its own walls
+    (``course.instructor.grading.isolation``, or the ``Isolation`` given); ``IsolationUnavailable`` before anything is
+    graded when they cannot be set up here, or when the key or a submission folder would be inside what the kernels
+    see; ``RuntimeError`` when ``TMPDIR`` leaves no room for their sockets; False grades without walls (trusted
+    submissions only; every row says so). ``stop``: set by a signal handler; the submission being graded then is not
+    recorded, whatever its interrupted run returned, and ``KeyboardInterrupt`` is raised. ``similarity``: with
+    ``gradebook`` and without ``shard``, write the similarity report of every submission found (graded now or kept)
+    beside the gradebook when grading ends (``course.instructor.grading.similarity``; ``gradebook merge --key`` writes
+    a sharded class's)."""
     if not sys.platform.startswith("linux"):
         raise ValueError("grading needs Linux (the sandbox uses prctl and /proc): run it in a Linux container or VM")
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
-    grading_key = read_key(key)
-    isolation = walls(sandbox, key, paths)
+    grading_key, isolation = _ready_to_grade(key, sandbox, paths)
     mine = [sub for sub in find_submissions(paths, layout) if shard is None or shard.holds(sub)]
     if shard is not None and gradebook is not None:
         write_record(gradebook.folder, shard, [str(p) for p in paths], layout, mine, complete=False)

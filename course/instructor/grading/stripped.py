@@ -40,7 +40,8 @@ from course.exercises.replay import EXERCISE_ENV
 from course.exercises.serve import ABSENT, SOCKET_ENV, TOKEN_ENV
 from course.exercises.shortcuts import code_objects
 from course.instructor.grading.isolation import Isolation, course_dir, kernel_env
-from course.instructor.grading.remote import CheckResult, StudentFunction, WorkerLost, socket_folder
+from course.instructor.grading.remote import (RECHECK_PREFIX, CheckResult, StudentFunction, WorkerLost,
+                                              socket_folder)
 from course.instructor.grading.sandbox import Limits
 
 __all__ = ["strip_course", "notebook_definitions", "check_call", "recheck", "second_checks", "RECHECKED"]
@@ -218,7 +219,7 @@ def recheck(ex: Exercise, nb: nbformat.NotebookNode, call: tuple[int, str, str],
     statements = notebook_definitions(nb, cell)
     stripped = strip_course(ex).parent
     token = secrets.token_hex(16)
-    with socket_folder("course-recheck-") as tmp, \
+    with socket_folder(RECHECK_PREFIX) as tmp, \
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         scratch = Path(tmp)
         listener.bind(str(scratch / "grader.sock"))
