@@ -2,7 +2,8 @@
 
 Bigram-Backcopy (Guo et al. 2024, *Active-Dormant Attention Heads*): tokens follow a fixed random bigram chain,
 except that right after one of a few trigger tokens the next token copies the token before the trigger.
-``TextBytes``: Austen as bytes, for the contrast. ``prepend_sink`` and ``lm_loss`` are notebook 06's exercises.
+``TextBytes``: Austen as bytes (the split's characters), for the contrast. ``prepend_sink`` and ``lm_loss`` are
+notebook 06's exercises.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["BigramBackcopy", "TextBytes", "make_task", "prepend_sink", "lm_loss"]
+__all__ = ["TEXT_DATA", "BigramBackcopy", "TextBytes", "make_task", "prepend_sink", "lm_loss"]
 
 
 class BigramBackcopy:
@@ -57,13 +58,19 @@ class BigramBackcopy:
         return out
 
 
+TEXT_DATA = 2  # text runs before 2 read every character of the novels, exploration's share included
+
+
 class TextBytes:
-    """Austen as bytes (vocabulary 256): random windows of the novels."""
+    """Austen as bytes (vocabulary 256): random windows of the characters of the six novels that ``split`` may read
+    (``course.splits``; None: the split in force), each novel's share recorded as drawn."""
 
-    def __init__(self) -> None:
-        from course.data import load_text
+    def __init__(self, split: str | None = None) -> None:
+        from course.assets import AUSTEN_BOOKS
+        from course.data import load_split_text
 
-        self.data = torch.frombuffer(bytearray(load_text("austen").encode("utf-8")), dtype=torch.uint8)
+        text = "\n\n".join(load_split_text(book, split)[0] for book in AUSTEN_BOOKS.values())
+        self.data = torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8)
         self.vocab = 256
 
     def sample(self, batch: int, length: int, generator: torch.Generator) -> Tensor:

@@ -25,7 +25,7 @@ from torch import Tensor
 from course.model_names import VARIANTS
 from course.models.base import CausalLM, ModelConfig
 from course.splits import GENERATOR_SEED_MAX
-from course.training.tasks import prepend_sink
+from course.training.tasks import TEXT_DATA, prepend_sink
 
 __all__ = ["Variant", "TrainConfig", "PRESETS", "MIN_SEEDS", "VARIANTS", "model_config", "variant_config", "TrainRun"]
 
@@ -85,6 +85,8 @@ class TrainConfig:
         fields = asdict(self)
         if not self.bos:  # runs stored before the option existed keep their names
             del fields["bos"]
+        if self.task == "text":  # text runs trained on every character are not loaded as the split's
+            fields["text_data"] = TEXT_DATA
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.task}-{'bos-' if self.bos else ''}{self.variant}-seed{self.seed}-{digest}"
 

@@ -279,3 +279,27 @@ def test_train_cli_without_bos(tmp_path, monkeypatch, capsys):
 def test_run_names_of_stored_runs_do_not_change(variant, bos, name):
     # the names of runs trained and cached by earlier versions: a change here retrains every stored model
     assert variant_config(variant, "fast", bos=bos).run_name == name
+
+
+def test_text_runs_read_only_their_splits_characters(monkeypatch):
+    """Natural-text training (notebook 06, section 10) reads the characters its split may read, and says so; runs
+    stored when it read every character, the exploration share included, get other names and are not loaded."""
+    from dataclasses import replace
+
+    from course import splits
+    from course.assets import AUSTEN_BOOKS
+    from course.data import load_text
+    from course.training.tasks import TextBytes
+
+    monkeypatch.setattr(splits, "DRAWN", [])
+    confirmation, exploration = TextBytes("confirmation").data.numpy().tobytes(), TextBytes("exploration").data
+    for book in AUSTEN_BOOKS.values():
+        text = load_text("austen", book)
+        start, _ = splits.split_range(len(text), "exploration")
+        last = text[-300:].encode("utf-8")  # the novel's end: the exploration share's
+        assert last not in confirmation and last in exploration.numpy().tobytes(), book
+        assert text[start - 300 : start].encode("utf-8") in confirmation, book
+    assert sorted((d["split"], d["source"]) for d in splits.drawn()) == sorted(
+        (s, f"austen/{b}") for s in ("confirmation", "exploration") for b in AUSTEN_BOOKS.values())
+    text_run = replace(variant_config("sink-token", "fast", bos=True), task="text")
+    assert text_run.run_name == "text-bos-sink-token-seed0-f3d17c013a"  # was -137a4588bb, trained on every character
