@@ -208,10 +208,10 @@ def _set_threads(n: int) -> None:
 
 def process_split(jobs: int, runs: int) -> tuple[int, int]:
     """(processes, torch threads each) for ``runs`` runs trained ``jobs`` at once on this machine's cores."""
-    import os
+    from course.threads import share_of_cores
 
     processes = min(jobs, runs)
-    return processes, max(1, (os.cpu_count() or 1) // processes)
+    return processes, share_of_cores(processes)
 
 
 def measure_in_processes(todo: list[tuple[str, int, bool]], jobs: int, on_done=None, **options) -> list[dict]:

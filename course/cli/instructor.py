@@ -158,7 +158,7 @@ def _grade(args: argparse.Namespace) -> dict:
     from course.instructor.grading.sandbox import Limits
     from course.instructor.grading.shards import check_out_for
     from course.instructor.grading.submissions import find_submissions
-    from course.threads import cpu_cores
+    from course.threads import cpu_cores, share_of_cores
 
     shard = args.shard
     jobs = args.jobs or cpu_cores()
@@ -175,7 +175,7 @@ def _grade(args: argparse.Namespace) -> dict:
         with stop_on_signals() as stopping:
             rows = grade(args.paths, args.timeout, args.total_timeout, args.layout, limits, book,
                          progress=None if args.json else lambda line: print(line, flush=True), stop=stopping,
-                         jobs=jobs, threads=max(1, cpu_cores() // jobs), shard=shard, key=Path(args.key),
+                         jobs=jobs, threads=share_of_cores(jobs), shard=shard, key=Path(args.key),
                          sandbox=isolation if isolation is not None else False,
                          similarity=not args.no_similarity)
     except KeyboardInterrupt:

@@ -38,22 +38,21 @@ __all__ = ["CheckServer", "CheckResult", "StudentFunction", "WorkerLost", "GRADE
 HELLO_TIMEOUT = 10.0  # seconds a connection may take to name its exercise
 SOCKET_PATH_MAX = 103  # bytes of a Unix socket's path: 107 on Linux, 103 on macOS (the C string's NUL not counted)
 SOCKET_NAME_ROOM = 32  # the longest path the grader and a kernel put inside the folder ("control/grader.sock", ...)
-
-
 SHORT_TMP = "/tmp"  # where the folder goes when TMPDIR is too long
 GRADE_PREFIX, RECHECK_PREFIX = "course-grade-", "course-recheck-"  # the private folders of a run and of a second check
 
 
 def socket_base(prefix: str) -> str:
     """Where ``socket_folder(prefix)`` makes its folder: ``TMPDIR`` when its path leaves room for the sockets
-    (``SOCKET_PATH_MAX``), else ``/tmp``; ``RuntimeError`` (one line, naming ``TMPDIR``) when neither does."""
+    (``SOCKET_PATH_MAX``), else ``SHORT_TMP`` (``/tmp``); ``RuntimeError`` (one line, naming ``TMPDIR``) when
+    neither does."""
     suffix = len(os.sep + prefix) + 8 + len(os.sep) + SOCKET_NAME_ROOM  # mkdtemp adds 8 random characters
     for base in (tempfile.gettempdir(), SHORT_TMP):
         if len(os.fsencode(base)) + suffix <= SOCKET_PATH_MAX and os.access(base, os.W_OK | os.X_OK):
             return base
     raise RuntimeError(f"TMPDIR={tempfile.gettempdir()!r} is too long for the grader's sockets (at most "
-                       f"{SOCKET_PATH_MAX - suffix} characters) and /tmp is not writable: set TMPDIR to a shorter "
-                       "folder")
+                       f"{SOCKET_PATH_MAX - suffix} characters) and {SHORT_TMP} is too long or not writable: set "
+                       "TMPDIR to a shorter folder")
 
 
 def check_socket_room() -> None:

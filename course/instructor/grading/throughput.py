@@ -28,7 +28,7 @@ from pathlib import Path
 from course.instructor.grading.gradebook import Gradebook
 from course.instructor.grading.grade import grade
 from course.instructor.grading.sandbox import descendants
-from course.threads import cpu_cores
+from course.threads import cpu_cores, share_of_cores
 
 __all__ = ["BEGIN", "END", "measure_grading", "project_class", "grading_report", "write_report"]
 
@@ -94,7 +94,7 @@ def measure_grading(submissions: list[Path], copies: int, jobs: list[int], work:
     class_dir = _class_folder(work / "class", submissions, copies)
     runs, books = [], []
     for j in jobs:
-        threads = max(1, cores // j)
+        threads = share_of_cores(j, cores)
         book = Gradebook(work / f"jobs-{j}", regrade=True)
         cpu0, start = _cpu_seconds(), time.perf_counter()
         with _PeakMemory() as memory:
