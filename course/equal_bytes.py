@@ -19,7 +19,7 @@ import torch
 
 from course.compression import compress_prompts
 from course.evaluate import NeedleTrial
-from course.frontier import DEPLOYED_BYTES
+from course.frontier import held_fraction
 from course.models.base import CausalLM
 from course.policies import Policy
 
@@ -50,6 +50,5 @@ def prompt_store_fraction(model: CausalLM, trials: Sequence[NeedleTrial],
         prompt = trial.prompt.to(model.device)
         (cache,), _ = compress_prompts(model, prompt[:, :-1], [policy_for(trial)], logits_to_keep=1)
         model(prompt[:, -1:], cache=cache)
-        full = model.config.cache_bytes_per_token(DEPLOYED_BYTES) * prompt.shape[1] * prompt.shape[0]
-        out.append(cache.bytes_at(DEPLOYED_BYTES) / full)
+        out.append(held_fraction(model, cache, prompt.shape[1]))
     return out

@@ -30,6 +30,8 @@ from torch import Tensor
 
 from course.compression import compress_prompts
 from course.data import load_split_text
+from course.frontier import DEPLOYED_BYTES, held_fraction
+from course.kvcache import CacheStack
 from course.models.base import CausalLM
 from course.policies import Policy, make_policy
 from course.progress import progress_bar
@@ -97,31 +99,37 @@ def make_needle_trials(
 
 @torch.inference_mode()
 def compare_after_compression(model: CausalLM, prompt: Tensor, continuation: Tensor,
-                              contenders: Mapping[Hashable, Policy | None], inspect=None) -> dict[Hashable, tuple]:
+                              contenders: Mapping[Hashable, Policy | None], inspect=None,
+                              inspect_first=None) -> dict[Hashable, tuple]:
     """The prompt-compression protocol for several policies, from one shared prompt forward.
 
     prompt [B, P], continuation [B, N]: the prompt but its last token is compressed by
-    ``compress_prompts`` (one forward for all contenders), then, for each contender, the last prompt
-    token and the continuation are fed one token at a time through its compressed cache (a policy
-    keeps evicting if it does so while decoding). Returns, per contender, the log-probability of every
-    continuation token [B, N], whether it was the model's top choice [B, N], and ``inspect(cache)``
-    taken right after compression (or {}).
+    ``compress_prompts`` (one forward for all contenders), then the last prompt token and the
+    continuation are fed one token at a time through each contender's compressed cache (a policy
+    keeps evicting if it does so while decoding). The contenders decode side by side, one forward per
+    token for all of them (``course.kvcache.CacheStack``: each row attends to its own cache only).
+    Returns, per contender, the log-probability of every continuation token [B, N], whether it was
+    the model's top choice [B, N], and ``inspect(cache)`` taken right after compression merged with
+    ``inspect_first(cache)`` taken once the prompt's last token is in the cache (or {}).
     """
     model.config.check_tokens(prompt.shape[1] + continuation.shape[1], "prompt + continuation")
     continuation = continuation.to(model.device)
     names = list(contenders)
     caches, _ = compress_prompts(model, prompt[:, :-1], [contenders[n] for n in names], logits_to_keep=1)
-    feed = torch.cat([prompt[:, -1:].to(model.device), continuation[:, :-1]], dim=1)
-    out = {}
-    for name, cache in zip(names, caches):
-        info = inspect(cache) if inspect is not None else {}
-        logps, top = [], []
-        for i in range(feed.shape[1]):
-            lp = torch.log_softmax(model(feed[:, i : i + 1], cache=cache).logits[:, -1].float(), -1)
-            logps.append(lp.gather(-1, continuation[:, i : i + 1])[:, 0])
-            top.append(lp.argmax(-1) == continuation[:, i])
-        out[name] = (torch.stack(logps, 1).cpu(), torch.stack(top, 1).cpu(), info)
-    return out
+    infos = [inspect(cache) if inspect is not None else {} for cache in caches]
+    feed = torch.cat([prompt[:, -1:].to(model.device), continuation[:, :-1]], dim=1).repeat(len(caches), 1)
+    targets = continuation.repeat(len(caches), 1)                     # [n·B, N]: contender i's rows i·B...(i+1)·B
+    stack = CacheStack(caches)
+    logps, top = [], []
+    for i in range(feed.shape[1]):
+        lp = torch.log_softmax(model(feed[:, i : i + 1], cache=stack).logits[:, -1].float(), -1)   # [n·B, V]
+        logps.append(lp.gather(-1, targets[:, i : i + 1])[:, 0])
+        top.append(lp.argmax(-1) == targets[:, i])
+        if i == 0 and inspect_first is not None:
+            infos = [info | inspect_first(cache) for info, cache in zip(infos, caches)]
+    rows = continuation.shape[0]
+    return {name: (lp, hit, info) for name, lp, hit, info in zip(
+        names, torch.stack(logps, 1).cpu().split(rows), torch.stack(top, 1).cpu().split(rows), infos)}
 
 
 def decode_after_compression(model: CausalLM, prompt: Tensor, continuation: Tensor, policy: Policy | None,
@@ -141,17 +149,24 @@ def _needle_kept(trial: NeedleTrial):
     def needle_kept(cache) -> dict:
         kept = torch.stack([((layer.live()[2] >= lo) & (layer.live()[2] < hi)).float().sum(-1) / (hi - lo)
                             for layer in cache.layers]).mean().item()
-        return {"needle_kept": kept, "cache_slots": cache.n_slots}
+        return {"needle_kept": kept, "cache_slots": cache.n_slots, "cache_bytes": cache.bytes_at(DEPLOYED_BYTES)}
 
     return needle_kept
+
+
+def _store_held(model: CausalLM, trial: NeedleTrial):
+    def store_held(cache) -> dict:
+        return {"store_fraction": held_fraction(model, cache, trial.prompt.shape[1])}
+
+    return store_held
 
 
 def score_needle(model: CausalLM, trial: NeedleTrial, policy: Policy | None = None) -> dict:
     """Compress the prompt's cache with ``policy`` and score the answer. Returns exact (bool),
     logprob (sum over answer tokens), needle_kept (share of the needle's tokens still cached, mean
-    over layers and KV heads, right after compression) and cache_slots."""
-    result = decode_after_compression(model, trial.prompt, trial.answer[None], policy, _needle_kept(trial))
-    return _needle_scores(result)
+    over layers and KV heads), cache_slots and cache_bytes (at 16 bits), all three right after compression, and
+    store_fraction (``course.frontier.held_fraction`` of the prompt's tokens once its last token is in the cache)."""
+    return compare_needles(model, [trial], {0: lambda t: policy}, progress=False)[0]["trials"][0]
 
 
 def continuation_nll(model: CausalLM, ids: Tensor, context: int, policy: Policy | None = None) -> Tensor:
@@ -193,14 +208,15 @@ def compare_needles(model: CausalLM, trials: list[NeedleTrial], contenders: Mapp
     policies hold state); each trial's prompt runs once for all of them (``compare_after_compression``).
 
     Returns, per contender, accuracy, mean_answer_logprob, mean needle_kept, answer_prob and the
-    per-trial rows."""
+    per-trial rows (``score_needle``'s dicts)."""
     _check_trials(model, trials)
     if not contenders:
         raise ValueError("contenders is empty: give at least one name -> policy_for(trial)")
     rows: dict[Hashable, list[dict]] = {name: [] for name in contenders}
     for t in progress_bar(trials, desc="needle", enabled=progress):
         results = compare_after_compression(model, t.prompt, t.answer[None],
-                                            {name: make(t) for name, make in contenders.items()}, _needle_kept(t))
+                                            {name: make(t) for name, make in contenders.items()}, _needle_kept(t),
+                                            _store_held(model, t))
         for name, result in results.items():
             rows[name].append(_needle_scores(result))
     return {name: _needle_summary(r) for name, r in rows.items()}

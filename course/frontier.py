@@ -21,9 +21,16 @@ from course.policies import Policy
 from course.progress import progress_bar
 from course.streaming import decode_stream, exact_stream
 
-__all__ = ["StorePoint", "measure_store", "frontier", "DEPLOYED_BYTES"]
+__all__ = ["StorePoint", "measure_store", "frontier", "held_fraction", "DEPLOYED_BYTES"]
 
 DEPLOYED_BYTES = 2  # bytes of one full-precision number in the bytes a store is charged (16-bit)
+
+
+def held_fraction(model: CausalLM, cache, tokens: int) -> float:
+    """The bytes ``cache`` holds, counted as a store at 16 bits holds them (``bytes_at(DEPLOYED_BYTES)``), as a
+    fraction of a full cache of ``tokens`` tokens in each of its batch rows."""
+    full = model.config.cache_bytes_per_token(DEPLOYED_BYTES) * tokens * cache.shape[1]
+    return cache.bytes_at(DEPLOYED_BYTES) / full
 
 
 @dataclass(frozen=True)
@@ -53,10 +60,9 @@ def measure_store(model: CausalLM, ids: Tensor, policy: Policy, start: int, fami
     if not 0 <= start < ids.shape[1] - 1:
         raise ValueError(f"start must be between 0 and {ids.shape[1] - 2} (the stream's predictions), got {start}")
     run = exact_stream if policy.is_static else decode_stream
-    result = run(model, ids, policy, progress=False, inspect=lambda cache: {"bytes": cache.bytes_at(DEPLOYED_BYTES)})
-    full = model.config.cache_bytes_per_token(DEPLOYED_BYTES) * (ids.shape[1] - 1) * ids.shape[0]
-    return StorePoint(family, label or repr(policy), result.extra["bytes"] / full,
-                      tuple(result.ppl_per_stream(start)))
+    result = run(model, ids, policy, progress=False,
+                 inspect=lambda cache: {"fraction": held_fraction(model, cache, ids.shape[1] - 1)})
+    return StorePoint(family, label or repr(policy), result.extra["fraction"], tuple(result.ppl_per_stream(start)))
 
 
 def frontier(model: CausalLM, ids: Tensor, stores: Mapping[tuple[str, str], Callable[[], Policy]], start: int,

@@ -22,14 +22,16 @@ and the model never sees the policy.
 
 Modules: ``cache`` (``KVCache``: update, observe, eviction, compression), ``positions`` (the position rules),
 ``rotation`` (rotated keys), ``stored`` (the store's calls), ``inspection`` (sizes, fill, rewind), ``view``
-(``AttentionView``), ``group`` (``CacheGroup``), ``sizes`` (bytes from a model's shapes).
+(``AttentionView``), ``group`` (``CacheGroup``: one prompt forward for several caches), ``stack`` (``CacheStack``:
+several caches decoding side by side), ``sizes`` (bytes from a model's shapes).
 """
 
 from course.kvcache.cache import KVCache
 from course.kvcache.group import CacheGroup
+from course.kvcache.stack import CacheStack
 from course.kvcache.sizes import cache_bytes_per_token, longest_prompt, prefill_bytes_per_token
 from course.kvcache.view import AttentionView, Chunks, SinkRotation
 from course.slots import LayerCache
 
-__all__ = ["LayerCache", "KVCache", "CacheGroup", "AttentionView", "SinkRotation", "cache_bytes_per_token", "Chunks",
-           "prefill_bytes_per_token", "longest_prompt"]
+__all__ = ["LayerCache", "KVCache", "CacheGroup", "CacheStack", "AttentionView", "SinkRotation",
+           "cache_bytes_per_token", "Chunks", "prefill_bytes_per_token", "longest_prompt"]
