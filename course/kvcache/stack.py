@@ -98,8 +98,11 @@ def stacked_view(views: Sequence[AttentionView]) -> AttentionView:
     else:
         b, kv = sum(view.keys.shape[0] for view in views), views[0].keys.shape[1]
         mask = torch.zeros(b, kv, t, s_max, dtype=torch.bool, device=views[0].keys.device)
-        for rows, view in zip(_row_slices(views), views):
-            mask[rows, :, :, : view.keys.shape[2]] = True if view.mask is None else view.mask
+        first = 0  # the member's first row in the joined batch
+        for view in views:
+            rows, slots = view.keys.shape[0], view.keys.shape[2]
+            mask[first : first + rows, :, :, :slots] = True if view.mask is None else view.mask
+            first += rows
 
     def pad(x: Tensor, fill: float, width: int) -> Tensor:  # x [B, H_kv, S, ...] -> [B, H_kv, S_max, ...]
         extra = list(x.shape)
@@ -117,9 +120,3 @@ def stacked_view(views: Sequence[AttentionView]) -> AttentionView:
     return AttentionView(joined(lambda view: view.keys, 0.0), joined(lambda view: view.values, 0.0),
                          joined(lambda view: view.positions, -1), mask, max(view.weight_rows for view in views), t,
                          rope_positions)
-
-
-def _row_slices(views: Sequence[AttentionView]) -> list[slice]:
-    """Each member's rows of the joined batch."""
-    ends = torch.tensor([view.keys.shape[0] for view in views]).cumsum(0).tolist()
-    return [slice(end - view.keys.shape[0], end) for end, view in zip(ends, views)]

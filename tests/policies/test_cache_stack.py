@@ -55,10 +55,15 @@ def test_contenders_decoded_side_by_side_give_what_each_gives_alone(family, batc
     ids = torch.randint(0, 97, (batch, PROMPT + CONTINUATION), generator=torch.Generator().manual_seed(3))
     prompt, continuation = ids[:, :PROMPT], ids[:, PROMPT:]
     contenders = _contenders(model, batch)
-    stacked = {}
+    caches = []  # each contender's cache, in order, as it decoded in the stack
+
+    def remember(cache) -> dict:
+        caches.append(cache)
+        return {}
+
     together = compare_after_compression(model, prompt, continuation, {n: f() for n, f in contenders.items()},
-                                         inspect_first=lambda cache: stacked.setdefault(id(cache), cache) and {})
-    caches = list(stacked.values())
+                                         inspect_first=remember)
+    assert len(caches) == len(contenders)
     for (name, make), cache in zip(contenders.items(), caches):
         logps, alone = _alone(model, prompt, continuation, make())
         assert torch.allclose(together[name][0], logps, atol=1e-10, rtol=0), name
